@@ -1,0 +1,124 @@
+"""Frozen configuration objects: one dataclass per concern, every default defined once.
+
+The CLI derives its flags and defaults from these classes; nothing below the CLI reads
+environment variables. `__post_init__` validates and raises `ValueError` with a message
+that names the offending field.
+
+Deliberately not here: anything about checkpoint file formats (see `model/loading.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# SDAR family defaults: the published config.json files lack these keys and every engine
+# hard-codes them (brief §1).
+SDAR_MASK_TOKEN_ID = 151669
+SDAR_BLOCK_SIZE = 4
+SDAR_STOP_TOKEN_IDS = (151645, 151643)
+
+STRATEGIES = ("static", "dynamic", "sequential", "entropy")
+
+
+@dataclass(frozen=True)
+class BackboneConfig:
+    """Shape of an SDAR/Qwen3 decoder plus the two block-diffusion facts it was trained with."""
+
+    vocab_size: int  # V, rows of the embedding and lm_head
+    hidden_size: int  # H
+    num_layers: int  # decoder layers
+    num_heads: int  # nh, query heads
+    num_kv_heads: int  # nkv, key/value heads (GQA)
+    intermediate_size: int  # SwiGLU inner width
+    head_dim: int = 0  # hd; 0 means hidden_size // num_heads
+    max_position_embeddings: int = 32768  # longest sequence the model accepts
+    rope_theta: float = 1_000_000.0  # RoPE base
+    rms_norm_eps: float = 1e-6  # epsilon of every RMSNorm
+    tie_word_embeddings: bool = False  # lm_head shares the embedding matrix
+    block_size: int = SDAR_BLOCK_SIZE  # block size the model was trained with
+    mask_token_id: int = SDAR_MASK_TOKEN_ID  # id of [MASK]
+    stop_token_ids: tuple[int, ...] = SDAR_STOP_TOKEN_IDS  # ids that end a generation
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "intermediate_size", "head_dim", "max_position_embeddings"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to decode: the strategy, its block schedule, sampling and stopping."""
+
+    mode: str = "static"  # decoding method, one of STRATEGIES
+    block_size: int | None = None  # tokens per block; None means the model's
+    steps: int | None = None  # denoising steps per block; None means block_size
+    threshold: float = 0.9  # dynamic: commit every masked position with confidence > threshold
+    entropy_bound: float = 0.5  # entropy: summed entropy (nats) of one step's commits stays <= this
+    max_new_tokens: int = 128  # generated tokens per prompt (before stop trimming)
+    temperature: float = 0.0  # 0 is greedy; > 0 samples
+    top_k: int = 0  # keep the k most likely tokens when sampling; 0 keeps all
+    top_p: float = 1.0  # nucleus mass kept when sampling
+    seed: int = 0  # sampling seed; a row's draws depend on it and the row's positions only
+    stop_token_ids: tuple[int, ...] | None = None  # None means the model's stop ids
+
+    def __post_init__(self) -> None:
+        if self.mode not in STRATEGIES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(STRATEGIES)}")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.block_size is not None and self.steps is not None and self.steps > self.block_size:
+            raise ValueError(f"steps ({self.steps}) cannot exceed block_size ({self.block_size})")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.entropy_bound < 0:
+            raise ValueError(f"entropy_bound must be >= 0, got {self.entropy_bound}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def resolve(self, model: BackboneConfig) -> "BlockSchedule":
+        """Fill the model-dependent defaults and check them against the model."""
+        block_size = self.block_size or model.block_size
+        steps = self.steps or block_size
+        if steps > block_size:
+            raise ValueError(f"steps ({steps}) cannot exceed block_size ({block_size})")
+        stops = model.stop_token_ids if self.stop_token_ids is None else self.stop_token_ids
+        for token in stops:
+            if not 0 <= token < model.vocab_size:
+                raise ValueError(f"stop token id {token} is outside the vocabulary")
+        return BlockSchedule(block_size=block_size, steps=steps, stop_token_ids=tuple(stops),
+                             mask_token_id=model.mask_token_id)
+
+
+@dataclass(frozen=True)
+class BlockSchedule:
+    """The per-call facts of a decode after defaults are resolved against the model."""
+
+    block_size: int  # L, tokens per block
+    steps: int  # denoising steps per block
+    stop_token_ids: tuple[int, ...]  # ids that end a row
+    mask_token_id: int  # id of [MASK]
+    quotas: tuple[int, ...] = field(init=False)  # n_s per step: even split of L over steps
+
+    def __post_init__(self) -> None:
+        base, extra = divmod(self.block_size, self.steps)
+        object.__setattr__(self, "quotas", tuple(base + (s < extra) for s in range(self.steps)))

@@ -1,0 +1,202 @@
+"""The shared block loop: prompt layout, prefill, per-block denoising, store, stop check.
+
+Every decoding mode runs through `generate`; a mode differs only in its `BlockDecoder`,
+which turns one block of masks into tokens. Prefill, the store forward, stop handling and
+stats therefore exist once.
+
+Layout: rows are left-padded by whole blocks so that every row's current block occupies
+the same cache slots; a row's positions count from its own first token, so each row gets
+exactly the tokens it would get alone. A prompt's trailing partial block becomes the
+first decode block with its prompt tokens fixed.
+
+Deliberately not here: commit rules (see `selection.py`) and what a mode does inside a
+block (see `denoise.py` and the MRP modes).
+
+Shapes: B batch, L block size, S cache slots, M candidate copies of a block.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from mrp_dlm.config import BlockSchedule, DecodeConfig
+from mrp_dlm.decoding.stats import DecodeStats
+from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.cache import KVCache
+from mrp_dlm.model.masks import block_causal_mask, copies_mask
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each row lives in the slot buffer."""
+
+    pads: torch.Tensor  # (B,) int64, left padding of each row (a multiple of L)
+    lengths: torch.Tensor  # (B,) int64, prompt length of each row
+    prefix_slots: int  # slots of the prompts' full blocks (the prefill)
+    num_blocks: int  # decode blocks the longest-running row needs
+    block_size: int  # L
+
+    @property
+    def total_slots(self) -> int:
+        return self.prefix_slots + self.num_blocks * self.block_size
+
+
+def plan_layout(lengths: list[int], block_size: int, max_new_tokens: int) -> Layout:
+    full = [n // block_size * block_size for n in lengths]
+    prefix = max(full)
+    blocks = max(-(-(n % block_size + max_new_tokens) // block_size) for n in lengths)
+    return Layout(pads=torch.tensor([prefix - f for f in full]), lengths=torch.tensor(lengths),
+                  prefix_slots=prefix, num_blocks=blocks, block_size=block_size)
+
+
+@dataclass
+class Counters:
+    """Running counts of one call; `committed` stays on the device until the end."""
+
+    stats: DecodeStats
+    committed: torch.Tensor  # () int64
+
+    def add_commits(self, commit: torch.Tensor) -> None:
+        self.committed += commit.sum()
+
+
+@dataclass
+class BlockContext:
+    """What a block decoder may use for the current block (slots [start, start + L))."""
+
+    model: Backbone
+    cache: KVCache
+    schedule: BlockSchedule
+    start: int  # first slot of the current block
+    positions: torch.Tensor  # (B, L) absolute positions of the block
+    key_valid: torch.Tensor  # (B, S) False on padding slots
+    active: torch.Tensor  # (B,) bool, rows still generating
+    counters: Counters
+
+    def forward(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Hidden states (B, M*L, H) of M candidate copies of the block in one forward.
+
+        blocks: (B, M*L). Each copy sees the cached prefix and itself only, at the
+        block's own positions. Writes only scratch slots (see `model/cache.py`).
+        """
+        copies = blocks.shape[1] // self.schedule.block_size
+        mask = copies_mask(self.key_valid, self.start, self.schedule.block_size, copies)
+        positions = self.positions.repeat(1, copies)  # (B, M*L)
+        return self.model(blocks, positions, mask, self.cache, self.start)
+
+    def denoise(self, block: torch.Tensor) -> torch.Tensor:
+        """Backbone logits (B, L, V) for one block state; counted as a denoise forward."""
+        self.counters.stats.denoise_forwards += 1
+        return self.model.logits(self.forward(block))
+
+
+class BlockDecoder(Protocol):
+    copies: int  # most candidate copies one forward holds (sizes the scratch slots)
+
+    def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
+        """Reveal every mask of the active rows of block (B, L); return the final block."""
+
+
+@dataclass
+class DecodeResult:
+    token_ids: list[list[int]]  # generated ids per row, trimmed after the first stop id
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+def check_prompts(prompts: list[list[int]], model: Backbone, config: DecodeConfig) -> None:
+    cfg = model.config
+    if not prompts:
+        raise ValueError("no prompts given")
+    for index, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {index} is empty")
+        if min(prompt) < 0 or max(prompt) >= cfg.vocab_size:
+            raise ValueError(f"prompt {index} has token ids outside [0, {cfg.vocab_size})")
+        if cfg.mask_token_id in prompt:
+            raise ValueError(f"prompt {index} contains the mask token id {cfg.mask_token_id}")
+        if len(prompt) + config.max_new_tokens > cfg.max_position_embeddings:
+            raise ValueError(f"prompt {index} ({len(prompt)} tokens) + max_new_tokens "
+                             f"({config.max_new_tokens}) exceeds the model's maximum length "
+                             f"{cfg.max_position_embeddings}")
+
+
+def build_buffers(prompts: list[list[int]], layout: Layout, mask_id: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token buffer, positions and key validity, all (B, S)."""
+    B, S = len(prompts), layout.total_slots
+    tokens = torch.full((B, S), mask_id, dtype=torch.long)  # (B, S)
+    for row, prompt in enumerate(prompts):
+        pad = int(layout.pads[row])
+        tokens[row, pad:pad + len(prompt)] = torch.tensor(prompt)
+    slots = torch.arange(S)  # (S,)
+    positions = (slots[None] - layout.pads[:, None]).clamp_min(0)  # (B, S)
+    key_valid = slots[None] >= layout.pads[:, None]  # (B, S)
+    return tokens.to(device), positions.to(device), key_valid.to(device)
+
+
+def trim(row_tokens: list[int], stop_ids: tuple[int, ...], mask_id: int) -> list[int]:
+    for index, token in enumerate(row_tokens):
+        if token in stop_ids:
+            row_tokens = row_tokens[:index + 1]
+            break
+    return [t for t in row_tokens if t != mask_id]
+
+
+def finished_rows(block: torch.Tensor, end_slots: torch.Tensor, block_end: int,
+                  stop_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) rows that hit a stop id in this block or used up their token budget."""
+    return torch.isin(block, stop_ids).any(dim=1) | (end_slots <= block_end)
+
+
+@torch.no_grad()
+def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
+             decoder: BlockDecoder) -> DecodeResult:
+    """Decode a batch of token-id prompts block by block with `decoder`."""
+    check_prompts(prompts, model, config)
+    began = time.perf_counter()
+    schedule = config.resolve(model.config)
+    L, device = schedule.block_size, model.lm_head.weight.device
+    layout = plan_layout([len(p) for p in prompts], L, config.max_new_tokens)
+    tokens, positions, key_valid = build_buffers(prompts, layout, schedule.mask_token_id, device)
+    cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads,
+                    layout.total_slots + (decoder.copies - 1) * L, model.config.head_dim,
+                    model.lm_head.weight.dtype, device)
+    counters = Counters(DecodeStats(), torch.zeros((), dtype=torch.long, device=device))
+    if layout.prefix_slots:
+        P = layout.prefix_slots
+        mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])
+        model(tokens[:, :P], positions[:, :P], mask, cache, 0)
+        counters.stats.prefill_forwards += 1
+    end_slots = (layout.pads + layout.lengths + config.max_new_tokens).to(device)  # (B,)
+    stop_ids = torch.tensor(schedule.stop_token_ids, dtype=torch.long, device=device)
+    active = torch.ones(len(prompts), dtype=torch.bool, device=device)
+    for index in range(layout.num_blocks):
+        start = layout.prefix_slots + index * L
+        context = BlockContext(model, cache, schedule, start, positions[:, start:start + L],
+                               key_valid, active, counters)
+        block = decoder.decode_block(context, tokens[:, start:start + L].clone())
+        tokens[:, start:start + L] = block
+        context.forward(block)  # store: write the finished block's keys and values
+        counters.stats.store_forwards += 1
+        active = active & ~finished_rows(block, end_slots, start + L, stop_ids)
+        if not bool(active.any()):  # the one host sync per block
+            break
+    return finish(tokens, layout, config, schedule, counters, began)
+
+
+def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule: BlockSchedule,
+           counters: Counters, began: float) -> DecodeResult:
+    rows = tokens.cpu().tolist()
+    out = []
+    for row, pad, length in zip(rows, layout.pads.tolist(), layout.lengths.tolist()):
+        generated = row[pad + length:pad + length + config.max_new_tokens]
+        out.append(trim(generated, schedule.stop_token_ids, schedule.mask_token_id))
+    stats = counters.stats
+    stats.committed = int(counters.committed)
+    stats.tokens = sum(len(ids) for ids in out)
+    stats.seconds = time.perf_counter() - began
+    return DecodeResult(token_ids=out, stats=stats)

@@ -1,0 +1,56 @@
+"""Commit rules: which masked positions of a block take their proposed token this step.
+
+Pure functions on (B, L) tensors. Only `eligible` positions (masked, in an active row)
+compete; a rule never commits more than remain and never touches another position. Ties
+go to the lower position. Every rule commits at least one position of a row that has an
+eligible one (the progress guarantee), except where noted.
+
+Shapes: B batch, L block positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rank_positions(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """Rank (B, L) of each position by score, highest first, ties to the lower index.
+
+    Ineligible positions rank after every eligible one.
+    """
+    key = torch.where(eligible, scores.float(), float("-inf"))  # (B, L)
+    order = key.argsort(dim=-1, descending=True, stable=True)  # (B, L)
+    ar = torch.arange(key.shape[1], device=key.device).expand_as(order)  # (B, L)
+    return torch.empty_like(order).scatter_(1, order, ar)
+
+
+def select_static(confidence: torch.Tensor, eligible: torch.Tensor, quota: int) -> torch.Tensor:
+    """The `quota` most confident eligible positions (fewer when fewer remain)."""
+    return eligible & (rank_positions(confidence, eligible) < quota)
+
+
+def select_dynamic(confidence: torch.Tensor, eligible: torch.Tensor, quota: int,
+                   threshold: float) -> torch.Tensor:
+    """Every eligible position above threshold; the top `quota` if fewer than that qualify."""
+    above = eligible & (confidence > threshold)  # (B, L)
+    enough = above.sum(dim=1, keepdim=True) >= quota  # (B, 1)
+    return torch.where(enough, above, select_static(confidence, eligible, quota))
+
+
+def select_sequential(eligible: torch.Tensor, quota: int) -> torch.Tensor:
+    """The leftmost `quota` eligible positions."""
+    return eligible & (eligible.long().cumsum(dim=1) <= quota)
+
+
+def select_entropy_bounded(entropy: torch.Tensor, eligible: torch.Tensor,
+                           bound: float) -> torch.Tensor:
+    """Lowest-entropy eligible positions, as many as keep their summed entropy <= bound.
+
+    At least one position per row that has any.
+    """
+    key = torch.where(eligible, entropy.float(), float("inf"))  # (B, L)
+    sorted_key, order = key.sort(dim=-1, stable=True)  # (B, L)
+    first = torch.zeros_like(eligible)
+    first[:, 0] = True
+    keep_sorted = ((sorted_key.cumsum(dim=-1) <= bound) | first) & sorted_key.isfinite()
+    return torch.zeros_like(eligible).scatter(1, order, keep_sorted)

@@ -1,0 +1,51 @@
+"""Preallocated key/value cache with indexed writes (never grown by concatenation).
+
+Slot s of row b holds the keys/values of one token. The decoder keeps finished blocks in
+slots [0, c) and uses slots from c on as scratch: a denoise forward of the current block
+writes there, a verify forward writes its M candidate copies to [c, c + M*L), and the
+store forward finally writes the finished block to [c, c + L). Slots below c are only
+ever written by prefill and store, so denoise and verify leave the cached prefix intact.
+
+Deliberately not here: who may attend to which slot (the caller's mask decides).
+
+Shapes: B batch, nkv key/value heads, S slots, hd head dim, T tokens written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LayerCache:
+    keys: torch.Tensor  # (B, nkv, S, hd)
+    values: torch.Tensor  # (B, nkv, S, hd)
+
+    def write_and_read(self, k: torch.Tensor, v: torch.Tensor,
+                       start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, nkv, T, hd) at [start, start + T); return slots [0, start + T)."""
+        end = start + k.shape[2]
+        if end > self.keys.shape[2]:
+            raise ValueError(f"cache holds {self.keys.shape[2]} slots; write ends at {end}")
+        self.keys[:, :, start:end] = k
+        self.values[:, :, start:end] = v
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+class KVCache:
+    """All layers' caches in two preallocated tensors."""
+
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, slots: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (num_layers, batch, num_kv_heads, slots, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (layers, B, nkv, S, hd)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (layers, B, nkv, S, hd)
+
+    @property
+    def slots(self) -> int:
+        return self.keys.shape[3]
+
+    def layer(self, index: int) -> LayerCache:
+        return LayerCache(self.keys[index], self.values[index])

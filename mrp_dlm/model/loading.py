@@ -1,0 +1,214 @@
+"""Hugging Face-format checkpoints: config.json <-> BackboneConfig, safetensors <-> weights.
+
+Loading builds the model on the meta device, allocates it once in the target dtype, then
+copies tensors in shard by shard, so peak memory is the model plus one memory-mapped
+shard (an 8B checkpoint never needs two copies). Only safetensors is read: no pickle.
+
+Deliberately not here: tokenizers (see `tokenizer.py`) and MRP head checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig
+from mrp_dlm.model.backbone import Backbone
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("sdar", "qwen3")
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be read as an SDAR/Qwen3 model."""
+
+
+def read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"missing file: {path}")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON: {error}") from error
+
+
+def read_stop_ids(directory: Path, raw: dict) -> tuple[int, ...]:
+    """EOS ids from generation_config.json, else config.json, else the SDAR defaults."""
+    generation = directory / "generation_config.json"
+    eos = read_json(generation).get("eos_token_id") if generation.is_file() else None
+    eos = raw.get("eos_token_id") if eos is None else eos
+    if eos is None:
+        return SDAR_STOP_TOKEN_IDS
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def check_supported(raw: dict, path: Path) -> None:
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise CheckpointError(f"{path}: unknown model_type {model_type!r}; mrp-dlm reads "
+                              f"{' and '.join(SUPPORTED_MODEL_TYPES)} checkpoints")
+    unsupported = {"hidden_act": raw.get("hidden_act", "silu") != "silu",
+                   "attention_bias": bool(raw.get("attention_bias", False)),
+                   "rope_scaling": raw.get("rope_scaling") not in (None, {}),
+                   "use_sliding_window": bool(raw.get("use_sliding_window", False))}
+    bad = [key for key, is_bad in unsupported.items() if is_bad]
+    if bad:
+        raise CheckpointError(f"{path}: unsupported setting(s) {', '.join(bad)}")
+
+
+def config_from_hf(raw: dict, stop_ids: tuple[int, ...], mask_token_id: int | None = None,
+                   block_size: int | None = None, path: Path = Path("config.json")) -> BackboneConfig:
+    """BackboneConfig from a config.json dict; flags override the file, the file the defaults."""
+    check_supported(raw, path)
+    try:
+        return BackboneConfig(
+            vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+            num_layers=raw["num_hidden_layers"], num_heads=raw["num_attention_heads"],
+            num_kv_heads=raw.get("num_key_value_heads") or raw["num_attention_heads"],
+            intermediate_size=raw["intermediate_size"], head_dim=raw.get("head_dim") or 0,
+            max_position_embeddings=raw.get("max_position_embeddings", 32768),
+            rope_theta=float(raw.get("rope_theta", 1_000_000.0)),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            block_size=block_size or raw.get("block_size") or SDAR_BLOCK_SIZE,
+            mask_token_id=raw.get("mask_token_id", SDAR_MASK_TOKEN_ID) if mask_token_id is None
+            else mask_token_id,
+            stop_token_ids=stop_ids)
+    except KeyError as error:
+        raise CheckpointError(f"{path} lacks the key {error.args[0]!r}") from error
+    except ValueError as error:
+        raise CheckpointError(f"{path}: {error}") from error
+
+
+def config_to_hf(config: BackboneConfig, dtype: torch.dtype) -> dict:
+    return {"architectures": ["SDARForCausalLM"], "model_type": "sdar",
+            "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+            "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
+            "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
+            "intermediate_size": config.intermediate_size, "hidden_act": "silu",
+            "max_position_embeddings": config.max_position_embeddings,
+            "rope_theta": config.rope_theta, "rms_norm_eps": config.rms_norm_eps,
+            "tie_word_embeddings": config.tie_word_embeddings, "attention_bias": False,
+            "rope_scaling": None, "block_size": config.block_size,
+            "mask_token_id": config.mask_token_id, "eos_token_id": list(config.stop_token_ids),
+            "torch_dtype": str(dtype).removeprefix("torch.")}
+
+
+def read_config(directory: str | Path, mask_token_id: int | None = None,
+                block_size: int | None = None) -> BackboneConfig:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"model directory not found: {directory}")
+    raw = read_json(directory / "config.json")
+    return config_from_hf(raw, read_stop_ids(directory, raw), mask_token_id, block_size,
+                          directory / "config.json")
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, single-file or sharded."""
+    if (directory / SINGLE_FILE).is_file():
+        return [directory / SINGLE_FILE]
+    if (directory / INDEX_FILE).is_file():
+        weight_map = read_json(directory / INDEX_FILE).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{directory / INDEX_FILE} has no weight_map")
+        files = [directory / name for name in dict.fromkeys(weight_map.values())]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"missing shard(s): {', '.join(missing)}")
+        return files
+    raise CheckpointError(f"{directory} has neither {SINGLE_FILE} nor {INDEX_FILE} "
+                          "(only safetensors checkpoints are read)")
+
+
+def copy_shard(path: Path, params: dict[str, torch.Tensor], seen: set[str]) -> None:
+    """Copy one shard's tensors into the allocated parameters (dtype converted on copy)."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as shard:
+            for name in shard.keys():
+                if name not in params:
+                    log.warning("ignoring unexpected tensor %s in %s", name, path.name)
+                    continue
+                tensor = shard.get_tensor(name)
+                if tuple(tensor.shape) != tuple(params[name].shape):
+                    raise CheckpointError(f"{path.name}: {name} has shape {tuple(tensor.shape)}, "
+                                          f"the config implies {tuple(params[name].shape)}")
+                params[name].copy_(tensor)
+                seen.add(name)
+    except SafetensorError as error:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {error}") from error
+
+
+def load_backbone(directory: str | Path, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str = "cpu", mask_token_id: int | None = None,
+                  block_size: int | None = None) -> Backbone:
+    """Read a local HF-format SDAR/Qwen3 checkpoint into a Backbone in eval mode."""
+    directory = Path(directory)
+    config = read_config(directory, mask_token_id, block_size)
+    files = weight_files(directory)
+    with torch.device("meta"):
+        model = Backbone(config).to(dtype)
+    model.to_empty(device=device)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    params = {name: p.data for name, p in model.named_parameters()}  # tied weights appear once
+    seen: set[str] = set()
+    with torch.no_grad():
+        for path in files:
+            copy_shard(path, params, seen)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise CheckpointError(f"{directory}: missing tensor(s) {', '.join(missing[:5])}"
+                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    return model.eval()
+
+
+def write_atomic(path: Path, write) -> None:
+    """Write through a temporary file and rename, so a crash never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def plan_shards(tensors: dict[str, torch.Tensor], max_shard_bytes: int | None) -> list[list[str]]:
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def save_backbone(model: Backbone, directory: str | Path, max_shard_bytes: int | None = None) -> None:
+    """Write config.json and safetensors (sharded with an index when max_shard_bytes is set)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()}
+    dtype = next(iter(tensors.values())).dtype
+    shards = plan_shards(tensors, max_shard_bytes)
+    names = [SINGLE_FILE] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for file_name, shard in zip(names, shards):
+        part = {name: tensors[name] for name in shard}
+        write_atomic(directory / file_name,
+                     lambda tmp, part=part: save_file(part, str(tmp), metadata={"format": "pt"}))
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                 "weight_map": {name: file for file, shard in zip(names, shards) for name in shard}}
+        write_atomic(directory / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=2)))
+    hf_config = config_to_hf(model.config, dtype)
+    write_atomic(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(hf_config, indent=2)))

@@ -1,0 +1,37 @@
+"""Boolean attention masks for block-diffusion inference (True = may attend).
+
+Block-causal attention: token q sees token k iff block(k) <= block(q); blocks are counted
+per row from its own position 0. Rows are left-padded by whole blocks so that every row's
+decode block sits in the same slots; padded key slots are never visible.
+
+Shapes: B batch, T query tokens, S key slots, L block size, M candidate copies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def block_causal_mask(slot_blocks: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+    """Mask (B, T, T) among T tokens whose blocks are slot_blocks (T,), keys valid (B, T).
+
+    A padded query sees only itself, so attention rows are never empty (no NaN).
+    """
+    T = slot_blocks.shape[0]
+    allowed = slot_blocks[None, :] <= slot_blocks[:, None]  # (T, T)
+    eye = torch.eye(T, dtype=torch.bool, device=slot_blocks.device)  # (T, T)
+    return (allowed[None] & key_valid[:, None, :]) | eye[None]  # (B, T, T)
+
+
+def copies_mask(key_valid: torch.Tensor, start: int, block_size: int, copies: int) -> torch.Tensor:
+    """Mask (B, M*L, start + M*L) for M copies of a block written at slot `start`.
+
+    Every copy sees the valid cached prefix [0, start) and its own L slots, bidirectionally,
+    and never another copy. M == 1 is the ordinary denoise (and store) forward.
+    key_valid: (B, >= start) bool, True for non-padding slots.
+    """
+    T = copies * block_size
+    prefix = key_valid[:, :start, None].transpose(1, 2).expand(-1, T, -1)  # (B, T, start)
+    copy_id = torch.arange(T, device=key_valid.device) // block_size  # (T,)
+    own = (copy_id[:, None] == copy_id[None, :])[None].expand(key_valid.shape[0], -1, -1)  # (B, T, T)
+    return torch.cat((prefix, own), dim=2)  # (B, T, start + T)
