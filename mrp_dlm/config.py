@@ -61,7 +61,7 @@ class BackboneConfig:
 class DecodeConfig:
     """How to decode: the strategy, its block schedule, sampling and stopping."""
 
-    mode: str = "static"  # decoding method, one of STRATEGIES
+    mode: str = "static"  # decoding method: static, dynamic, sequential or entropy
     block_size: int | None = None  # tokens per block; None means the model's
     steps: int | None = None  # denoising steps per block; None means block_size
     threshold: float = 0.9  # dynamic: commit every masked position with confidence > threshold
@@ -122,3 +122,82 @@ class BlockSchedule:
     def __post_init__(self) -> None:
         base, extra = divmod(self.block_size, self.steps)
         object.__setattr__(self, "quotas", tuple(base + (s < extra) for s in range(self.steps)))
+
+
+# Backbone shapes for `mrp train backbone --preset`. The vocabulary, block size and special
+# token ids come from the tokenizer and the TrainConfig, never from here.
+BACKBONE_PRESETS: dict[str, dict[str, int | bool]] = {
+    "tiny": dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                 intermediate_size=48),
+    "embedded": dict(hidden_size=192, num_layers=8, num_heads=4, num_kv_heads=2,
+                     intermediate_size=576),
+    "sdar-1.7b": dict(hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8,
+                      intermediate_size=6144, head_dim=128, tie_word_embeddings=True),
+    "sdar-4b": dict(hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8,
+                    intermediate_size=9728, head_dim=128),
+    "sdar-8b": dict(hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+                    intermediate_size=12288, head_dim=128),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """SDAR block-diffusion training of a backbone: model, data, optimiser, checkpoints."""
+
+    out: str  # checkpoint directory (HF format + tokenizer + train_state.pt + logs)
+    preset: str = "embedded"  # model shape, a key of BACKBONE_PRESETS (ignored with init_from)
+    init_from: str | None = None  # checkpoint dir to continue training; its tokenizer is used
+    block_size: int = 16  # L, diffusion block size the model is trained for
+    tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from
+    train_examples: int = 20000  # training examples drawn from each task
+    seq_len: int = 512  # tokens per packed row, a multiple of block_size
+    batch_size: int = 8  # packed rows per optimizer step
+    steps: int = 3000  # optimizer steps
+    lr: float = 2e-3  # peak learning rate
+    warmup_frac: float = 0.03  # fraction of steps with linear warmup
+    min_lr_ratio: float = 0.1  # the cosine decays to min_lr_ratio * lr
+    weight_decay: float = 0.1  # AdamW decay, applied to matrices only
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    bf16: bool = False  # bfloat16 autocast where the device supports it, else fp32
+    seed: int = 0  # seeds the init, the data order and the noise (all pure functions of it)
+    log_every: int = 10  # steps between JSONL log lines
+    save_every: int = 500  # steps between checkpoints (the last step always saves)
+    resume: bool = False  # continue from the checkpoint in `out`
+    device: str = "cpu"  # torch device: cpu, cuda or cuda:N
+    vocab_size: int = 1024  # size of the tokenizer trained for a preset (ignored with init_from)
+
+    def __post_init__(self) -> None:
+        if not self.out:
+            raise ValueError("out must name a directory")
+        if self.preset not in BACKBONE_PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose one of "
+                             f"{', '.join(BACKBONE_PRESETS)}")
+        for name in ("block_size", "train_examples", "seq_len", "batch_size", "steps",
+                     "log_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len % self.block_size:
+            raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of block_size "
+                             f"({self.block_size})")
+        if not [name for name in self.tasks.split(",") if name.strip()]:
+            raise ValueError("tasks must name at least one task")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.warmup_frac < 1.0:
+            raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        return tuple(name.strip() for name in self.tasks.split(",") if name.strip())

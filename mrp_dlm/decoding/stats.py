@@ -29,7 +29,17 @@ class DecodeStats:
     def tokens_per_denoise_forward(self) -> float:
         return self.tokens / max(self.denoise_forwards, 1)
 
+    def __add__(self, other: "DecodeStats") -> "DecodeStats":
+        """Counts of two calls together (e.g. the batches of one evaluation)."""
+        return DecodeStats(**{key: getattr(self, key) + getattr(other, key)
+                              for key in asdict(self)})
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
     def to_dict(self) -> dict:
         return {**asdict(self), "backbone_forwards": self.backbone_forwards,
                 "tokens_per_forward": round(self.tokens_per_forward, 4),
-                "tokens_per_denoise_forward": round(self.tokens_per_denoise_forward, 4)}
+                "tokens_per_denoise_forward": round(self.tokens_per_denoise_forward, 4),
+                "tokens_per_second": round(self.tokens_per_second, 2)}

@@ -202,6 +202,8 @@ def save_backbone(model: Backbone, directory: str | Path, max_shard_bytes: int |
     shards = plan_shards(tensors, max_shard_bytes)
     names = [SINGLE_FILE] if len(shards) == 1 else [
         f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    stale = INDEX_FILE if len(shards) == 1 else SINGLE_FILE  # never leave both layouts behind
+    (directory / stale).unlink(missing_ok=True)
     for file_name, shard in zip(names, shards):
         part = {name: tensors[name] for name in shard}
         write_atomic(directory / file_name,

@@ -1,0 +1,72 @@
+"""`mrp`: argparse -> configs -> calls. No logic of its own; the only module that prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.flags import add_dataclass_flags, build_dataclass
+from mrp_dlm.model.loading import DTYPES
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="checkpoint directory (HF format); default: the embedded model")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                        help="weights and activations dtype (default: float32)")
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--mask-token-id", type=int, default=None,
+                        help="override the mask token id of the checkpoint")
+
+
+def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
+    from mrp_dlm.pipeline import Pipeline
+
+    config = build_dataclass(DecodeConfig, args, decode_fields)
+    pipe = Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id)
+    out = pipe.generate([args.prompt], config, chat=args.chat)
+    stats = out.stats
+    if args.json:
+        print(json.dumps({"text": out.texts[0], "token_ids": out.token_ids[0],
+                          "stats": stats.to_dict()}))
+    else:
+        print(out.texts[0])
+        print(f"[{stats.tokens} tokens, {stats.backbone_forwards} backbone forwards, "
+              f"{stats.tokens_per_forward:.2f} tokens/forward, {stats.seconds:.2f} s]",
+              file=sys.stderr)
+    return 0
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
+    parser = argparse.ArgumentParser(prog="mrp", description="Fast block-diffusion LM decoding")
+    commands = parser.add_subparsers(dest="command", required=True)
+    fields: dict[str, list[str]] = {}
+
+    gen = commands.add_parser("generate", help="decode one prompt")
+    add_model_flags(gen)
+    gen.add_argument("--prompt", required=True, help="prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    fields["generate"] = add_dataclass_flags(gen, DecodeConfig, skip=("stop_token_ids",))
+    return parser, fields
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser, fields = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args, fields["generate"])
+    except (ValueError, FileNotFoundError) as error:
+        print(f"mrp: error: {error}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

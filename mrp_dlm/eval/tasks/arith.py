@@ -1,0 +1,47 @@
+"""The `arith` task: word problems answered by step-by-step equations and a final `#### n`.
+
+The reference response writes one equation per line and ends with the answer line, e.g.
+"7 + 5 = 12\n12 - 3 = 9\n#### 9". A completion is correct when the integer after its last
+`####` equals the answer.
+
+Deliberately not here: the problem generator (see `arith_problems.py`) and split logic (see
+`common.py`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from mrp_dlm.eval.tasks.arith_problems import WordProblem, make_word_problem
+from mrp_dlm.eval.tasks.common import Example, Task
+
+ANSWER_MARKER = "####"
+# An integer at the start of the answer text; commas group thousands, no decimal part.
+ANSWER_PATTERN = re.compile(r"-?\d+(?:,\d{3})*(?![\d.,]*\d)")
+
+
+def write_equations(problem: WordProblem) -> str:
+    lines = [f"{step.left} {step.op} {step.right} = {step.result}" for step in problem.steps]
+    return "\n".join([*lines, f"{ANSWER_MARKER} {problem.answer}"])
+
+
+def extract_answer(completion: str) -> int | None:
+    """The integer right after the last `####`, or None when there is none."""
+    if ANSWER_MARKER not in completion:
+        return None
+    tail = completion.rsplit(ANSWER_MARKER, 1)[1].strip()
+    match = ANSWER_PATTERN.match(tail)
+    return int(match.group().replace(",", "")) if match else None
+
+
+class ArithTask(Task):
+    """Arithmetic word problems solved with explicit equations."""
+
+    name = "arith"
+
+    def make_example(self, seed: int) -> Example:
+        problem = make_word_problem(seed)
+        return Example(problem.text, problem.answer, write_equations(problem), seed)
+
+    def grade(self, example: Example, completion: str) -> bool:
+        return extract_answer(completion) == example.answer

@@ -1,0 +1,74 @@
+"""The `arith-code` task: the `arith` word problems, answered by a Python function `solve()`.
+
+The problem text is the story plus `CODE_INSTRUCTION`, so a model trained on both tasks can
+tell which answer format is wanted. The reference response is a short function that keeps
+the running count in one variable named after the counted thing, e.g.
+"def solve():\n    apples = 7\n    apples = apples + 5\n    return apples". A completion is
+correct when `solve()`, run in the sandbox, returns exactly the answer (an int, not 9.0).
+
+Deliberately not here: sandboxing itself (see `eval/sandbox.py`) and the problem generator
+(see `arith_problems.py`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from mrp_dlm.eval.sandbox import SandboxLimits, SandboxResult, run_many, run_python
+from mrp_dlm.eval.tasks.arith_problems import Step, WordProblem, make_word_problem
+from mrp_dlm.eval.tasks.common import Example, Task
+
+CODE_INSTRUCTION = "Write a Python function solve() that returns the answer."
+CALL = "solve()"
+INDENT = "    "
+# The body of the first fenced code block, with or without a language tag.
+FENCE_PATTERN = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+GRADING_LIMITS = SandboxLimits(timeout_s=2.0)  # reference solutions finish in milliseconds
+
+
+def write_statement(step: Step) -> str:
+    left = step.left_name or str(step.left)
+    right = step.right_name or str(step.right)
+    return f"{step.target} = {left} {step.op} {right}"
+
+
+def write_function(problem: WordProblem) -> str:
+    lines = [f"{problem.quantity} = {problem.start}", *map(write_statement, problem.steps),
+             f"return {problem.quantity}"]
+    return "\n".join(["def solve():", *(INDENT + line for line in lines)])
+
+
+def extract_code(completion: str) -> str:
+    """The first fenced code block when there is one, else the completion itself."""
+    match = FENCE_PATTERN.search(completion)
+    return match.group(1) if match else completion
+
+
+def is_correct(result: SandboxResult, answer: int) -> bool:
+    return result.ok and result.value == repr(answer)
+
+
+class ArithCodeTask(Task):
+    """Arithmetic word problems solved by writing `solve()`; graded by running it."""
+
+    name = "arith-code"
+
+    def __init__(self, limits: SandboxLimits = GRADING_LIMITS) -> None:
+        self.limits = limits
+
+    def make_example(self, seed: int) -> Example:
+        problem = make_word_problem(seed)
+        text = f"{problem.text}\n{CODE_INSTRUCTION}"
+        return Example(text, problem.answer, write_function(problem), seed)
+
+    def grade(self, example: Example, completion: str) -> bool:
+        result = run_python(extract_code(completion), CALL, self.limits)
+        return is_correct(result, example.answer)
+
+    def grade_many(self, examples: Sequence[Example], completions: Sequence[str]) -> list[bool]:
+        """Runs the programs in parallel sandboxes."""
+        if len(examples) != len(completions):
+            raise ValueError(f"{len(examples)} examples but {len(completions)} completions")
+        results = run_many([extract_code(text) for text in completions], CALL, self.limits)
+        return [is_correct(result, example.answer) for result, example in zip(results, examples)]

@@ -1,0 +1,63 @@
+"""Command-line flags derived from the config dataclasses, so each default exists once.
+
+Every field becomes `--field-name`; its help text is the one-line comment beside the field
+and its default is the dataclass default. Flags the user leaves out are absent from the
+parsed namespace, so the dataclass fills them in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+
+SCALARS = {"int": int, "float": float, "str": str}
+FIELD_COMMENT = re.compile(r"^\s+(\w+):[^#]*#\s*(.+)$")
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """The trailing comment of each field in the class source."""
+    comments = {}
+    for line in inspect.getsource(cls).splitlines():
+        match = FIELD_COMMENT.match(line)
+        if match:
+            comments[match.group(1)] = match.group(2)
+    return comments
+
+
+def scalar_type(annotation: str) -> type | None:
+    """int, float, str or bool from an annotation such as 'int | None'; None if unsupported."""
+    names = [part.strip() for part in annotation.split("|") if part.strip() != "None"]
+    if names == ["bool"]:
+        return bool
+    return SCALARS.get(names[0]) if len(names) == 1 else None
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
+                        skip: tuple[str, ...] = ()) -> list[str]:
+    """Add a flag per supported field of cls; return the field names added."""
+    comments = field_comments(cls)
+    added = []
+    for spec in dataclasses.fields(cls):
+        kind = scalar_type(str(spec.type))
+        if spec.name in skip or not spec.init or kind is None:
+            continue
+        default = spec.default if spec.default is not dataclasses.MISSING else None
+        help_text = f"{comments.get(spec.name, '')} (default: {default})"
+        flag = "--" + spec.name.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=help_text)
+        else:
+            required = spec.default is dataclasses.MISSING
+            parser.add_argument(flag, type=kind, required=required, default=argparse.SUPPRESS,
+                                help=help_text, metavar=spec.name.upper())
+        added.append(spec.name)
+    return added
+
+
+def build_dataclass(cls: type, args: argparse.Namespace, names: list[str]):
+    """cls from the parsed flags that the user gave; the rest take their defaults."""
+    given = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return cls(**given)

@@ -1,0 +1,69 @@
+"""The user-facing API: a checkpoint's model and tokenizer, text in, text and stats out.
+
+    pipe = Pipeline.load("path/to/checkpoint")          # or Pipeline.load() for the embedded model
+    out = pipe.generate(["What is 2 + 3?"], DecodeConfig(mode="static"), chat=True)
+    out.texts[0], out.token_ids[0], out.stats.tokens_per_forward
+
+Deliberately not here: argument parsing (see `cli.py`) and decoding internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.decoding.driver import generate
+from mrp_dlm.decoding.modes import make_decoder
+from mrp_dlm.decoding.stats import DecodeStats
+from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.loading import DTYPES, load_backbone
+from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
+
+
+def embedded_model_dir() -> Path:
+    """The small SDAR-style model shipped inside the package."""
+    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded"))
+
+
+@dataclass
+class GenerateOutput:
+    texts: list[str]  # decoded generations, special tokens removed
+    token_ids: list[list[int]]  # generated ids, trimmed after the first stop id
+    stats: DecodeStats  # cost of the whole batch
+
+
+@dataclass
+class Pipeline:
+    model: Backbone
+    tokenizer: TextTokenizer | None
+    directory: Path
+
+    @classmethod
+    def load(cls, directory: str | Path | None = None, dtype: str = "float32",
+             device: str = "cpu", mask_token_id: int | None = None,
+             block_size: int | None = None) -> "Pipeline":
+        """Load a checkpoint directory; None means the embedded model."""
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        path = Path(directory) if directory is not None else embedded_model_dir()
+        if directory is None and not (path / "config.json").is_file():
+            raise FileNotFoundError("no --model given and this install has no embedded model")
+        model = load_backbone(path, DTYPES[dtype], torch.device(device), mask_token_id, block_size)
+        return cls(model=model, tokenizer=load_tokenizer(path), directory=path)
+
+    def encode(self, prompt: str, chat: bool) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError(f"{self.directory} has no tokenizer; pass token ids instead")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        return self.tokenizer.encode(self.tokenizer.render_chat(prompt) if chat else prompt)
+
+    def generate(self, prompts: list[str], config: DecodeConfig, chat: bool = False) -> GenerateOutput:
+        ids = [self.encode(prompt, chat) for prompt in prompts]
+        result = generate(self.model, ids, config, make_decoder(config))
+        texts = [self.tokenizer.decode(row) for row in result.token_ids]
+        return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats)
