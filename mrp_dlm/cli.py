@@ -7,7 +7,8 @@ import json
 import logging
 import sys
 
-from mrp_dlm.config import DecodeConfig
+from mrp_dlm.config import DecodeConfig, TrainConfig
+from mrp_dlm.eval.demo import DEMO_PROBLEMS
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
 from mrp_dlm.model.loading import DTYPES
 
@@ -40,6 +41,43 @@ def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
     return 0
 
 
+def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int:
+    from mrp_dlm.training.loop import train_backbone
+
+    config = build_dataclass(TrainConfig, args, train_fields)
+    out = train_backbone(config)
+    print(f"checkpoint written to {out}")
+    return 0
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    cells = [[str(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from mrp_dlm.eval.demo import run_demo
+    from mrp_dlm.pipeline import Pipeline
+
+    if args.problems < 1:
+        raise ValueError(f"--problems must be >= 1, got {args.problems}")
+    pipe = Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id)
+    print(f"mrp demo: {pipe.directory}, {args.problems} held-out problems per task")
+    report = run_demo(pipe, args.problems)
+    rows = report.rows()
+    print(format_table(rows, ["task", "mode", "threshold", "accuracy", "tokens_per_forward",
+                              "tokens_per_second", "backbone_forwards"]))
+    for result in report.results[:: max(len(report.results) // 2, 1)][:2]:
+        sample = result.samples[0]
+        print(f"\n--- {result.task} ({result.config.mode}), "
+              f"{'correct' if sample.correct else 'wrong'}\n{sample.problem}\n>>> {sample.completion}")
+    print(json.dumps({"demo": rows}))
+    return 0
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     parser = argparse.ArgumentParser(prog="mrp", description="Fast block-diffusion LM decoding")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -51,6 +89,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     fields["generate"] = add_dataclass_flags(gen, DecodeConfig, skip=("stop_token_ids",))
+
+    demo = commands.add_parser("demo", help="solve held-out problems with several modes")
+    add_model_flags(demo)
+    demo.add_argument("--problems", type=int, default=DEMO_PROBLEMS,
+                      help=f"problems per task (default: {DEMO_PROBLEMS})")
+
+    train = commands.add_parser("train", help="train a backbone")
+    targets = train.add_subparsers(dest="target", required=True)
+    backbone = targets.add_parser("backbone", help="SDAR block-diffusion training of a backbone")
+    fields["train backbone"] = add_dataclass_flags(backbone, TrainConfig)
     return parser, fields
 
 
@@ -61,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args, fields["generate"])
+        if args.command == "demo":
+            return cmd_demo(args)
+        if args.command == "train" and args.target == "backbone":
+            return cmd_train_backbone(args, fields["train backbone"])
     except (ValueError, FileNotFoundError) as error:
         print(f"mrp: error: {error}", file=sys.stderr)
         return 2

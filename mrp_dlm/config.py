@@ -40,6 +40,12 @@ class BackboneConfig:
     stop_token_ids: tuple[int, ...] = SDAR_STOP_TOKEN_IDS  # ids that end a generation
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "intermediate_size", "head_dim", "max_position_embeddings", "block_size",
+                     "mask_token_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -129,8 +135,8 @@ class BlockSchedule:
 BACKBONE_PRESETS: dict[str, dict[str, int | bool]] = {
     "tiny": dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                  intermediate_size=48),
-    "embedded": dict(hidden_size=192, num_layers=8, num_heads=4, num_kv_heads=2,
-                     intermediate_size=576),
+    "embedded": dict(hidden_size=128, num_layers=8, num_heads=4, num_kv_heads=2,
+                     intermediate_size=384),
     "sdar-1.7b": dict(hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8,
                       intermediate_size=6144, head_dim=128, tie_word_embeddings=True),
     "sdar-4b": dict(hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8,
@@ -145,14 +151,14 @@ class TrainConfig:
     """SDAR block-diffusion training of a backbone: model, data, optimiser, checkpoints."""
 
     out: str  # checkpoint directory (HF format + tokenizer + train_state.pt + logs)
-    preset: str = "embedded"  # model shape, a key of BACKBONE_PRESETS (ignored with init_from)
+    preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, sdar-4b, sdar-8b (not with init_from)
     init_from: str | None = None  # checkpoint dir to continue training; its tokenizer is used
     block_size: int = 16  # L, diffusion block size the model is trained for
     tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from
-    train_examples: int = 20000  # training examples drawn from each task
+    train_examples: int = 50000  # training examples drawn from each task
     seq_len: int = 512  # tokens per packed row, a multiple of block_size
     batch_size: int = 8  # packed rows per optimizer step
-    steps: int = 3000  # optimizer steps
+    steps: int = 2400  # optimizer steps
     lr: float = 2e-3  # peak learning rate
     warmup_frac: float = 0.03  # fraction of steps with linear warmup
     min_lr_ratio: float = 0.1  # the cosine decays to min_lr_ratio * lr
@@ -161,7 +167,7 @@ class TrainConfig:
     bf16: bool = False  # bfloat16 autocast where the device supports it, else fp32
     seed: int = 0  # seeds the init, the data order and the noise (all pure functions of it)
     log_every: int = 10  # steps between JSONL log lines
-    save_every: int = 500  # steps between checkpoints (the last step always saves)
+    save_every: int = 250  # steps between checkpoints (the last step always saves)
     resume: bool = False  # continue from the checkpoint in `out`
     device: str = "cpu"  # torch device: cpu, cuda or cuda:N
     vocab_size: int = 1024  # size of the tokenizer trained for a preset (ignored with init_from)

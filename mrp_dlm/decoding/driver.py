@@ -146,10 +146,13 @@ def trim(row_tokens: list[int], stop_ids: tuple[int, ...], mask_id: int) -> list
     return [t for t in row_tokens if t != mask_id]
 
 
-def finished_rows(block: torch.Tensor, end_slots: torch.Tensor, block_end: int,
-                  stop_ids: torch.Tensor) -> torch.Tensor:
-    """(B,) rows that hit a stop id in this block or used up their token budget."""
-    return torch.isin(block, stop_ids).any(dim=1) | (end_slots <= block_end)
+def finished_rows(block: torch.Tensor, generated: torch.Tensor, end_slots: torch.Tensor,
+                  block_end: int, stop_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) rows that generated a stop id in this block or used up their token budget.
+
+    generated: (B, L) bool, False on the prompt tail (a prompt may contain stop ids).
+    """
+    return (torch.isin(block, stop_ids) & generated).any(dim=1) | (end_slots <= block_end)
 
 
 @torch.no_grad()
@@ -171,7 +174,8 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])
         model(tokens[:, :P], positions[:, :P], mask, cache, 0)
         counters.stats.prefill_forwards += 1
-    end_slots = (layout.pads + layout.lengths + config.max_new_tokens).to(device)  # (B,)
+    prompt_ends = (layout.pads + layout.lengths).to(device)  # (B,) first generated slot
+    end_slots = prompt_ends + config.max_new_tokens  # (B,)
     stop_ids = torch.tensor(schedule.stop_token_ids, dtype=torch.long, device=device)
     active = torch.ones(len(prompts), dtype=torch.bool, device=device)
     for index in range(layout.num_blocks):
@@ -182,7 +186,8 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         tokens[:, start:start + L] = block
         context.forward(block)  # store: write the finished block's keys and values
         counters.stats.store_forwards += 1
-        active = active & ~finished_rows(block, end_slots, start + L, stop_ids)
+        generated = torch.arange(start, start + L, device=device)[None] >= prompt_ends[:, None]
+        active = active & ~finished_rows(block, generated, end_slots, start + L, stop_ids)
         if not bool(active.any()):  # the one host sync per block
             break
     return finish(tokens, layout, config, schedule, counters, began)

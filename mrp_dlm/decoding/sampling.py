@@ -55,10 +55,12 @@ def uniform_noise(seed: int, positions: torch.Tensor, step: int, vocab: int) -> 
 
 
 def truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Zero the probabilities outside top-k and the top-p nucleus (B, L, V)."""
+    """Zero the probabilities outside top-k, then outside the top-p nucleus (B, L, V)."""
     if top_k and top_k < probs.shape[-1]:
         kth = probs.topk(top_k, dim=-1).values[..., -1:]  # (B, L, 1)
         probs = torch.where(probs >= kth, probs, 0.0)
+        # Top-p measures its nucleus on the top-k survivors, renormalised (as HF and SDAR do).
+        probs = probs / probs.sum(-1, keepdim=True)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, L, V)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token

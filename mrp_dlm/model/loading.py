@@ -1,8 +1,9 @@
 """Hugging Face-format checkpoints: config.json <-> BackboneConfig, safetensors <-> weights.
 
 Loading builds the model on the meta device, allocates it once in the target dtype, then
-copies tensors in shard by shard, so peak memory is the model plus one memory-mapped
-shard (an 8B checkpoint never needs two copies). Only safetensors is read: no pickle.
+reads tensors in shard by shard, tensor by tensor, straight into the parameters, so peak
+memory is the model plus one tensor's conversion buffer (an 8B checkpoint never needs two
+copies). Only the safetensors format is read: no pickle.
 
 Deliberately not here: tokenizers (see `tokenizer.py`) and MRP head checkpoints.
 """
@@ -15,7 +16,6 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig
@@ -86,7 +86,7 @@ def config_from_hf(raw: dict, stop_ids: tuple[int, ...], mask_token_id: int | No
             stop_token_ids=stop_ids)
     except KeyError as error:
         raise CheckpointError(f"{path} lacks the key {error.args[0]!r}") from error
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         raise CheckpointError(f"{path}: {error}") from error
 
 
@@ -131,22 +131,67 @@ def weight_files(directory: Path) -> list[Path]:
                           "(only safetensors checkpoints are read)")
 
 
-def copy_shard(path: Path, params: dict[str, torch.Tensor], seen: set[str]) -> None:
-    """Copy one shard's tensors into the allocated parameters (dtype converted on copy)."""
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                      "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+                      "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own limit
+
+
+def read_header(handle, path: Path) -> tuple[dict, int]:
+    """The JSON header of a safetensors file and the offset where its data begins."""
+    prefix = handle.read(8)
+    size = os.fstat(handle.fileno()).st_size
+    length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+    if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+        raise CheckpointError(f"{path} is not a readable safetensors file: bad header length")
     try:
-        with safe_open(str(path), framework="pt", device="cpu") as shard:
-            for name in shard.keys():
-                if name not in params:
-                    log.warning("ignoring unexpected tensor %s in %s", name, path.name)
-                    continue
-                tensor = shard.get_tensor(name)
-                if tuple(tensor.shape) != tuple(params[name].shape):
-                    raise CheckpointError(f"{path.name}: {name} has shape {tuple(tensor.shape)}, "
-                                          f"the config implies {tuple(params[name].shape)}")
-                params[name].copy_(tensor)
-                seen.add(name)
-    except SafetensorError as error:
+        header = json.loads(handle.read(length))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{path} is not a readable safetensors file: {error}") from error
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} is not a readable safetensors file: header is not a table")
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+def read_tensor_into(handle, target: torch.Tensor, info: dict, base: int, path: Path,
+                     name: str) -> None:
+    """Read one tensor's bytes from the file straight into target (converting dtype)."""
+    try:
+        dtype, shape, (begin, end) = SAFETENSORS_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{path} is not a readable safetensors file: bad entry {name}") from error
+    if tuple(shape) != tuple(target.shape):
+        raise CheckpointError(f"{path.name}: {name} has shape {tuple(shape)}, "
+                              f"the config implies {tuple(target.shape)}")
+    direct = dtype == target.dtype and target.device.type == "cpu" and target.is_contiguous()
+    buffer = target if direct else torch.empty(shape, dtype=dtype)
+    raw = buffer.view(-1).view(torch.uint8).numpy()  # the tensor's own bytes
+    if end - begin != raw.nbytes:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {name} has "
+                              f"{end - begin} bytes for shape {tuple(shape)}")
+    handle.seek(base + begin)
+    if handle.readinto(memoryview(raw)) != raw.nbytes:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {name} is truncated")
+    if not direct:
+        target.copy_(buffer)
+
+
+def copy_shard(path: Path, params: dict[str, torch.Tensor], seen: set[str]) -> None:
+    """Copy one shard's tensors into the allocated parameters.
+
+    Reads with plain file reads rather than a memory map, so the only memory used beyond
+    the model is one tensor's conversion buffer (a mapped shard would stay resident until
+    closed: ~2x the checkpoint for a single-file model).
+    """
+    with path.open("rb") as handle:
+        header, base = read_header(handle, path)
+        for name, info in header.items():
+            if name not in params:
+                log.warning("ignoring unexpected tensor %s in %s", name, path.name)
+                continue
+            read_tensor_into(handle, params[name], info, base, path, name)
+            seen.add(name)
 
 
 def load_backbone(directory: str | Path, dtype: torch.dtype = torch.float32,

@@ -1,0 +1,84 @@
+"""Shared fixtures: tiny seeded random backbones, a saved checkpoint, the SDAR fixture files.
+
+The tiny model follows STYLE §7: odd, mutually distinct sizes (vocab 99, hidden 32,
+2 layers, 4 heads / 2 kv heads, intermediate 37), float32, block 4, mask id 98, stop id 97.
+Weights are drawn with a larger std than a real init so that the decode is not degenerate
+(peaked, varied distributions instead of near-uniform ones).
+
+Deliberately not here: expected values (each test states its own) and the slow reference
+decoder (see `reference.py`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mrp_dlm.config import BackboneConfig
+from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.loading import save_backbone
+
+# Test modules import the slow reference decoder as `import reference`.
+sys.path.insert(0, str(Path(__file__).parent))
+# Tiny models gain nothing from intra-op threads, and on a busy shared machine the thread
+# pool's spin-waits make every op ~10x slower.
+torch.set_num_threads(1)
+
+TINY = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+            intermediate_size=37, block_size=4, mask_token_id=98, stop_token_ids=(97,))
+WEIGHT_STD = 0.5  # std of every projection and embedding entry
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+
+def tiny_config(**overrides) -> BackboneConfig:
+    """The tiny BackboneConfig with some fields replaced."""
+    return BackboneConfig(**{**TINY, **overrides})
+
+
+def random_backbone(config: BackboneConfig, seed: int = 0, std: float = WEIGHT_STD) -> Backbone:
+    """A float32 Backbone in eval mode with seeded N(0, std) weights and jittered norms."""
+    generator = torch.Generator().manual_seed(seed)
+    model = Backbone(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)  # param's shape
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.1 * noise)
+            else:
+                param.copy_(std * noise)
+    return model.eval()
+
+
+@pytest.fixture
+def make_model():
+    """Factory: make_model(seed=0, std=0.4, **BackboneConfig overrides) -> Backbone."""
+
+    def make(seed: int = 0, std: float = WEIGHT_STD, **overrides) -> Backbone:
+        return random_backbone(tiny_config(**overrides), seed=seed, std=std)
+
+    return make
+
+
+@pytest.fixture
+def tiny_model() -> Backbone:
+    """The default tiny model: block 4, untied lm_head, seed 0."""
+    return random_backbone(tiny_config())
+
+
+@pytest.fixture
+def checkpoint_dir(tmp_path: Path, tiny_model: Backbone) -> Path:
+    """`tiny_model` saved as a single-file safetensors checkpoint."""
+    directory = tmp_path / "tiny"
+    save_backbone(tiny_model, directory)
+    return directory
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    """The published SDAR metadata in ../shared/fixtures; skips when a clone lacks it."""
+    if not FIXTURES.is_dir():
+        pytest.skip(f"SDAR fixtures not found at {FIXTURES}")
+    return FIXTURES
