@@ -151,14 +151,14 @@ class TrainConfig:
     """SDAR block-diffusion training of a backbone: model, data, optimiser, checkpoints."""
 
     out: str  # checkpoint directory (HF format + tokenizer + train_state.pt + logs)
-    preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, sdar-4b, sdar-8b (not with init_from)
-    init_from: str | None = None  # checkpoint dir to continue training; its tokenizer is used
+    preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, sdar-4b or sdar-8b
+    init_from: str | None = None  # checkpoint dir to train instead of a preset (with its tokenizer)
     block_size: int = 16  # L, diffusion block size the model is trained for
     tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from
     train_examples: int = 50000  # training examples drawn from each task
-    seq_len: int = 512  # tokens per packed row, a multiple of block_size
-    batch_size: int = 8  # packed rows per optimizer step
-    steps: int = 2400  # optimizer steps
+    seq_len: int = 256  # tokens per packed row, a multiple of block_size
+    batch_size: int = 16  # packed rows per optimizer step
+    steps: int = 3000  # optimizer steps
     lr: float = 2e-3  # peak learning rate
     warmup_frac: float = 0.03  # fraction of steps with linear warmup
     min_lr_ratio: float = 0.1  # the cosine decays to min_lr_ratio * lr
