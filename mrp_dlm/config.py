@@ -130,6 +130,20 @@ class BlockSchedule:
         object.__setattr__(self, "quotas", tuple(base + (s < extra) for s in range(self.steps)))
 
 
+@dataclass(frozen=True)
+class HeadConfig:
+    """Shape of the MRP residual head; its width and layer class are the backbone's."""
+
+    num_layers: int = 2  # decoder layers of the head
+    init_std: float = 0.02  # std of the normal init of the head's matrices
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise ValueError(f"num_layers must be an integer >= 1, got {self.num_layers!r}")
+        if self.init_std <= 0:
+            raise ValueError(f"init_std must be > 0, got {self.init_std}")
+
+
 # Backbone shapes for `mrp train backbone --preset`. The vocabulary, block size and special
 # token ids come from the tokenizer and the TrainConfig, never from here.
 BACKBONE_PRESETS: dict[str, dict[str, int | bool]] = {
