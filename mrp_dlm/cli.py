@@ -21,13 +21,17 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--mask-token-id", type=int, default=None,
                         help="override the mask token id of the checkpoint")
+    parser.add_argument("--head", default=None,
+                        help="MRP head directory for the direct, speculative and remask modes "
+                             "(default: the embedded head with the embedded model)")
 
 
 def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
     from mrp_dlm.pipeline import Pipeline
 
     config = build_dataclass(DecodeConfig, args, decode_fields)
-    pipe = Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id)
+    pipe = Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id,
+                         config.block_size, args.head)
     out = pipe.generate([args.prompt], config, chat=args.chat)
     stats = out.stats
     if args.json:
@@ -64,7 +68,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.problems < 1:
         raise ValueError(f"--problems must be >= 1, got {args.problems}")
-    pipe = Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id)
+    pipe = Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id, None, args.head)
     print(f"mrp demo: {pipe.directory}, {args.problems} held-out problems per task")
     report = run_demo(pipe, args.problems)
     rows = report.rows()

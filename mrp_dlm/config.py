@@ -17,7 +17,10 @@ SDAR_MASK_TOKEN_ID = 151669
 SDAR_BLOCK_SIZE = 4
 SDAR_STOP_TOKEN_IDS = (151645, 151643)
 
-STRATEGIES = ("static", "dynamic", "sequential", "entropy")
+STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only modes
+MRP_MODES = ("direct", "speculative", "remask")  # modes that need an MRP head
+MODES = STRATEGIES + MRP_MODES
+REMASK_RULES = ("confidence", "delta")
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class BackboneConfig:
 class DecodeConfig:
     """How to decode: the strategy, its block schedule, sampling and stopping."""
 
-    mode: str = "static"  # decoding method: static, dynamic, sequential or entropy
+    mode: str = "static"  # decoding method: static, dynamic, sequential, entropy, direct, speculative, remask
     block_size: int | None = None  # tokens per block; None means the model's
     steps: int | None = None  # denoising steps per block; None means block_size
     threshold: float = 0.9  # dynamic: commit every masked position with confidence > threshold
@@ -77,11 +80,27 @@ class DecodeConfig:
     top_k: int = 0  # keep the k most likely tokens when sampling; 0 keeps all
     top_p: float = 1.0  # nucleus mass kept when sampling
     seed: int = 0  # sampling seed; a row's draws depend on it and the row's positions only
+    lookahead: int = 2  # direct/speculative: MRP head steps per backbone forward (K)
+    remask_rule: str = "confidence"  # remask: confidence (re-score reveals on A+C) or delta (veto |C| > remask_delta)
+    remask_delta: float = 2.0  # remask delta rule: veto a proposal whose residual logit exceeds this
     stop_token_ids: tuple[int, ...] | None = None  # None means the model's stop ids
 
     def __post_init__(self) -> None:
-        if self.mode not in STRATEGIES:
-            raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(STRATEGIES)}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.lookahead < 1:
+            raise ValueError(f"lookahead must be >= 1, got {self.lookahead}")
+        if self.remask_rule not in REMASK_RULES:
+            raise ValueError(f"unknown remask_rule {self.remask_rule!r}; choose one of "
+                             f"{', '.join(REMASK_RULES)}")
+        if self.remask_delta <= 0:
+            raise ValueError(f"remask_delta must be > 0, got {self.remask_delta}")
+        if self.mode == "speculative" and self.temperature > 0:
+            raise ValueError("speculative decoding reproduces greedy static decoding; "
+                             "it cannot sample (use temperature 0)")
+        if self.mode == "speculative" and self.steps is not None and self.block_size != self.steps:
+            raise ValueError("speculative decoding verifies the one-token-per-step static "
+                             "decode; leave steps unset (it equals block_size)")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.steps is not None and self.steps < 1:

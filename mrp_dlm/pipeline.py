@@ -20,6 +20,8 @@ from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.head import MRPHead
+from mrp_dlm.model.head_loading import load_head
 from mrp_dlm.model.loading import DTYPES, load_backbone
 from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
 
@@ -27,6 +29,11 @@ from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
 def embedded_model_dir() -> Path:
     """The small SDAR-style model shipped inside the package."""
     return Path(str(resources.files("mrp_dlm") / "assets" / "embedded"))
+
+
+def embedded_head_dir() -> Path:
+    """The MRP head trained on the embedded model, shipped beside it."""
+    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded-head"))
 
 
 @dataclass
@@ -41,19 +48,23 @@ class Pipeline:
     model: Backbone
     tokenizer: TextTokenizer | None
     directory: Path
+    head: MRPHead | None = None  # needed by the direct, speculative and remask modes
 
     @classmethod
     def load(cls, directory: str | Path | None = None, dtype: str = "float32",
              device: str = "cpu", mask_token_id: int | None = None,
-             block_size: int | None = None) -> "Pipeline":
-        """Load a checkpoint directory; None means the embedded model."""
+             block_size: int | None = None, head: str | Path | None = None) -> "Pipeline":
+        """Load a checkpoint directory; None means the embedded model (and its head)."""
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
         path = Path(directory) if directory is not None else embedded_model_dir()
         if directory is None and not (path / "config.json").is_file():
             raise FileNotFoundError("no --model given and this install has no embedded model")
         model = load_backbone(path, DTYPES[dtype], torch.device(device), mask_token_id, block_size)
-        return cls(model=model, tokenizer=load_tokenizer(path), directory=path)
+        if head is None and directory is None and (embedded_head_dir() / "config.json").is_file():
+            head = embedded_head_dir()
+        mrp_head = load_head(head, model, block_size) if head is not None else None
+        return cls(model=model, tokenizer=load_tokenizer(path), directory=path, head=mrp_head)
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         if self.tokenizer is None:
@@ -64,6 +75,6 @@ class Pipeline:
 
     def generate(self, prompts: list[str], config: DecodeConfig, chat: bool = False) -> GenerateOutput:
         ids = [self.encode(prompt, chat) for prompt in prompts]
-        result = generate(self.model, ids, config, make_decoder(config))
+        result = generate(self.model, ids, config, make_decoder(config, self.head))
         texts = [self.tokenizer.decode(row) for row in result.token_ids]
         return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats)

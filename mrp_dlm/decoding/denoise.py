@@ -52,7 +52,7 @@ class DenoiseDecoder:
             eligible = (block == schedule.mask_token_id) & context.active[:, None]  # (B, L)
             if not bool(eligible.any()):  # the one small host check per step
                 return block
-            proposal = propose(context.denoise(block), schedule.mask_token_id, self.sampling,
+            proposal = propose(context.denoise(block).logits, schedule.mask_token_id, self.sampling,
                                context.positions, step, self.config.mode == "entropy")
             quota = schedule.quotas[min(step, schedule.steps - 1)]
             commit = select(self.config, proposal, eligible, quota)  # (B, L)

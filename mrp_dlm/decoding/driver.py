@@ -55,13 +55,25 @@ def plan_layout(lengths: list[int], block_size: int, max_new_tokens: int) -> Lay
 
 @dataclass
 class Counters:
-    """Running counts of one call; `committed` stays on the device until the end."""
+    """Running counts of one call; tensor counts stay on the device until the end."""
 
     stats: DecodeStats
     committed: torch.Tensor  # () int64
+    histogram: torch.Tensor  # (M,) int64, speculative rounds by head drafts accepted
+    row_forwards: torch.Tensor  # (2,) int64, row forwards: all, and denoise/verify only
 
     def add_commits(self, commit: torch.Tensor) -> None:
         self.committed += commit.sum()
+
+    def add_rounds(self, accepted: torch.Tensor, counted: torch.Tensor) -> None:
+        """accepted: (B,) head drafts accepted per row; counted: (B,) rows that ran a round."""
+        self.histogram += torch.bincount(accepted[counted], minlength=self.histogram.shape[0])
+
+
+@dataclass
+class BackboneStep:
+    hidden: torch.Tensor  # (B, T, H) final hidden states (base_hidden)
+    logits: torch.Tensor  # (B, T, V) float32 same-position logits (base_logits)
 
 
 @dataclass
@@ -83,15 +95,30 @@ class BlockContext:
         blocks: (B, M*L). Each copy sees the cached prefix and itself only, at the
         block's own positions. Writes only scratch slots (see `model/cache.py`).
         """
+        self.counters.row_forwards[0] += self.active.sum()
         copies = blocks.shape[1] // self.schedule.block_size
         mask = copies_mask(self.key_valid, self.start, self.schedule.block_size, copies)
         positions = self.positions.repeat(1, copies)  # (B, M*L)
         return self.model(blocks, positions, mask, self.cache, self.start)
 
-    def denoise(self, block: torch.Tensor) -> torch.Tensor:
-        """Backbone logits (B, L, V) for one block state; counted as a denoise forward."""
+    def denoise(self, block: torch.Tensor) -> BackboneStep:
+        """The backbone on one block state (B, L); counted as a denoise forward."""
         self.counters.stats.denoise_forwards += 1
-        return self.model.logits(self.forward(block))
+        self.counters.row_forwards[1] += self.active.sum()
+        hidden = self.forward(block)  # (B, L, H)
+        return BackboneStep(hidden, self.model.logits(hidden))
+
+    def verify(self, states: torch.Tensor) -> BackboneStep:
+        """The backbone on M candidate block states (B, M*L) in one verify forward."""
+        self.counters.stats.verify_forwards += 1
+        self.counters.row_forwards[1] += self.active.sum()
+        hidden = self.forward(states)  # (B, M*L, H)
+        return BackboneStep(hidden, self.model.logits(hidden))
+
+    def store(self, block: torch.Tensor) -> None:
+        """Write the finished block's keys and values to its slots."""
+        self.counters.stats.store_forwards += 1
+        self.forward(block)
 
 
 class BlockDecoder(Protocol):
@@ -168,12 +195,15 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads,
                     layout.total_slots + (decoder.copies - 1) * L, model.config.head_dim,
                     model.lm_head.weight.dtype, device)
-    counters = Counters(DecodeStats(), torch.zeros((), dtype=torch.long, device=device))
+    counters = Counters(DecodeStats(), torch.zeros((), dtype=torch.long, device=device),
+                        torch.zeros(decoder.copies, dtype=torch.long, device=device),
+                        torch.zeros(2, dtype=torch.long, device=device))
     if layout.prefix_slots:
         P = layout.prefix_slots
         mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])
         model(tokens[:, :P], positions[:, :P], mask, cache, 0)
         counters.stats.prefill_forwards += 1
+        counters.row_forwards[0] += len(prompts)
     prompt_ends = (layout.pads + layout.lengths).to(device)  # (B,) first generated slot
     end_slots = prompt_ends + config.max_new_tokens  # (B,)
     stop_ids = torch.tensor(schedule.stop_token_ids, dtype=torch.long, device=device)
@@ -184,8 +214,7 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
                                key_valid, active, counters)
         block = decoder.decode_block(context, tokens[:, start:start + L].clone())
         tokens[:, start:start + L] = block
-        context.forward(block)  # store: write the finished block's keys and values
-        counters.stats.store_forwards += 1
+        context.store(block)
         generated = torch.arange(start, start + L, device=device)[None] >= prompt_ends[:, None]
         active = active & ~finished_rows(block, generated, end_slots, start + L, stop_ids)
         if not bool(active.any()):  # the one host sync per block
@@ -202,6 +231,10 @@ def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule:
         out.append(trim(generated, schedule.stop_token_ids, schedule.mask_token_id))
     stats = counters.stats
     stats.committed = int(counters.committed)
+    stats.row_forwards, stats.row_denoise_forwards = counters.row_forwards.tolist()
+    histogram = counters.histogram.tolist()
+    stats.rounds, stats.accepted = sum(histogram), sum(i * n for i, n in enumerate(histogram))
+    stats.accept_histogram = histogram if stats.rounds else []
     stats.tokens = sum(len(ids) for ids in out)
     stats.seconds = time.perf_counter() - began
     return DecodeResult(token_ids=out, stats=stats)

@@ -89,3 +89,13 @@ def propose(logits: torch.Tensor, mask_token_id: int, sampling: SamplingConfig,
     if with_entropy:
         entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)  # (B, L)
     return Proposal(tokens=tokens, confidence=confidence, entropy=entropy)
+
+
+def token_confidence(logits: torch.Tensor, tokens: torch.Tensor, mask_token_id: int,
+                     sampling: SamplingConfig) -> torch.Tensor:
+    """Probability (B, L) of given tokens (B, L) under logits (B, L, V), as `propose` scores."""
+    logits = logits.float().clone()
+    logits[..., mask_token_id] = float("-inf")
+    temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+    probs = torch.softmax(logits / temperature, dim=-1)  # (B, L, V)
+    return probs.gather(-1, tokens[..., None])[..., 0]

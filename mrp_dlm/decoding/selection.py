@@ -54,3 +54,28 @@ def select_entropy_bounded(entropy: torch.Tensor, eligible: torch.Tensor,
     first[:, 0] = True
     keep_sorted = ((sorted_key.cumsum(dim=-1) <= bound) | first) & sorted_key.isfinite()
     return torch.zeros_like(eligible).scatter(1, order, keep_sorted)
+
+
+def revoke_unconfident(commit: torch.Tensor, confident: torch.Tensor, rescored: torch.Tensor,
+                       threshold: float) -> torch.Tensor:
+    """Remask (paper rule): drop reveals that were above threshold and no longer are.
+
+    commit: (B, L) this step's reveals; confident: (B, L) those revealed for being above
+    threshold (fallback reveals are kept: they are the progress guarantee); rescored:
+    (B, L) their confidence under A + C. A row keeps at least its best rescored reveal.
+    """
+    keep = commit & ~(confident & (rescored <= threshold))  # (B, L)
+    emptied = commit.any(dim=1, keepdim=True) & ~keep.any(dim=1, keepdim=True)  # (B, 1)
+    return torch.where(emptied, select_static(rescored, commit, 1), keep)
+
+
+def veto_large_residual(commit: torch.Tensor, residual_size: torch.Tensor,
+                        delta: float) -> torch.Tensor:
+    """Remask (published code's rule): veto reveals whose |residual logit| exceeds delta.
+
+    residual_size: (B, L) |C[pos, token]|. If a row vetoes every reveal it keeps the one
+    with the smallest residual.
+    """
+    keep = commit & (residual_size <= delta)  # (B, L)
+    emptied = commit.any(dim=1, keepdim=True) & ~keep.any(dim=1, keepdim=True)  # (B, 1)
+    return torch.where(emptied, select_static(-residual_size, commit, 1), keep)

@@ -2,44 +2,66 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
 class DecodeStats:
-    """What a decode cost. Forwards count batched backbone calls, not rows."""
+    """What a decode cost. Forwards count batched calls, not rows."""
 
-    prefill_forwards: int = 0  # forwards over the prompts' full blocks
-    denoise_forwards: int = 0  # forwards that propose tokens for the current block
-    store_forwards: int = 0  # forwards that write a finished block's keys and values
+    prefill_forwards: int = 0  # backbone forwards over the prompts' full blocks
+    denoise_forwards: int = 0  # backbone forwards on one block state (a speculative seed too)
+    verify_forwards: int = 0  # backbone forwards checking M candidate block states at once
+    store_forwards: int = 0  # backbone forwards writing a finished block's keys and values
+    head_forwards: int = 0  # MRP head forwards (each with one lm_head projection)
     tokens: int = 0  # generated tokens returned, summed over rows, after stop trimming
     committed: int = 0  # positions revealed by the decoder, summed over rows
+    row_forwards: int = 0  # backbone forwards times the rows still generating in each
+    row_denoise_forwards: int = 0  # the same for denoise and verify forwards only
+    rounds: int = 0  # speculative draft/verify rounds, summed over rows
+    accepted: int = 0  # drafts accepted in those rounds, summed over rows
+    accept_histogram: list[int] = field(default_factory=list)  # rounds by drafts accepted
     seconds: float = 0.0  # wall time of the call
 
     @property
     def backbone_forwards(self) -> int:
-        return self.prefill_forwards + self.denoise_forwards + self.store_forwards
+        return (self.prefill_forwards + self.denoise_forwards + self.verify_forwards
+                + self.store_forwards)
 
     @property
     def tokens_per_forward(self) -> float:
-        """Returned tokens per backbone forward, end to end (prefill and store included)."""
-        return self.tokens / max(self.backbone_forwards, 1)
+        """Tokens per backbone forward of a row, end to end (prefill and store included).
+
+        Counted per row, so a batch reports what each of its rows got (batch 1: exact).
+        """
+        return self.tokens / max(self.row_forwards, 1)
 
     @property
     def tokens_per_denoise_forward(self) -> float:
-        return self.tokens / max(self.denoise_forwards, 1)
+        """Tokens per denoising backbone forward of a row (denoise and verify only)."""
+        return self.tokens / max(self.row_denoise_forwards, 1)
 
-    def __add__(self, other: "DecodeStats") -> "DecodeStats":
-        """Counts of two calls together (e.g. the batches of one evaluation)."""
-        return DecodeStats(**{key: getattr(self, key) + getattr(other, key)
-                              for key in asdict(self)})
+    @property
+    def mean_accepted(self) -> float:
+        """Drafts accepted per speculative round."""
+        return self.accepted / self.rounds if self.rounds else 0.0
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
+    def __add__(self, other: "DecodeStats") -> "DecodeStats":
+        """Counts of two calls together (e.g. the batches of one evaluation)."""
+        total = {key: getattr(self, key) + getattr(other, key) for key in asdict(self)
+                 if key != "accept_histogram"}
+        width = max(len(self.accept_histogram), len(other.accept_histogram))
+        pad = lambda h: h + [0] * (width - len(h))  # noqa: E731
+        histogram = [a + b for a, b in zip(pad(self.accept_histogram), pad(other.accept_histogram))]
+        return DecodeStats(**total, accept_histogram=histogram)
+
     def to_dict(self) -> dict:
         return {**asdict(self), "backbone_forwards": self.backbone_forwards,
                 "tokens_per_forward": round(self.tokens_per_forward, 4),
                 "tokens_per_denoise_forward": round(self.tokens_per_denoise_forward, 4),
+                "mean_accepted": round(self.mean_accepted, 4),
                 "tokens_per_second": round(self.tokens_per_second, 2)}

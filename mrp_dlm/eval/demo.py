@@ -14,8 +14,16 @@ from mrp_dlm.pipeline import Pipeline
 
 DEMO_PROBLEMS = 20  # held-out problems per task
 DEMO_MAX_NEW_TOKENS = 128  # longest reference answers are ~90 tokens
-DEMO_CONFIGS = (DecodeConfig(mode="static", max_new_tokens=DEMO_MAX_NEW_TOKENS),
-                DecodeConfig(mode="dynamic", threshold=0.5, max_new_tokens=DEMO_MAX_NEW_TOKENS))
+BASELINE_CONFIGS = (DecodeConfig(mode="static", max_new_tokens=DEMO_MAX_NEW_TOKENS),
+                    DecodeConfig(mode="dynamic", threshold=0.5, max_new_tokens=DEMO_MAX_NEW_TOKENS))
+MRP_CONFIGS = (DecodeConfig(mode="speculative", lookahead=3, max_new_tokens=DEMO_MAX_NEW_TOKENS),
+               DecodeConfig(mode="direct", lookahead=1, max_new_tokens=DEMO_MAX_NEW_TOKENS),
+               DecodeConfig(mode="remask", threshold=0.5, max_new_tokens=DEMO_MAX_NEW_TOKENS))
+
+
+def demo_configs(pipe: Pipeline) -> tuple[DecodeConfig, ...]:
+    """The baselines, plus the MRP modes when the pipeline has a head."""
+    return BASELINE_CONFIGS + (MRP_CONFIGS if pipe.head is not None else ())
 
 
 @dataclass
@@ -27,7 +35,8 @@ class DemoReport:
 
 
 def run_demo(pipe: Pipeline, problems: int = DEMO_PROBLEMS,
-             configs: tuple[DecodeConfig, ...] = DEMO_CONFIGS) -> DemoReport:
+             configs: tuple[DecodeConfig, ...] | None = None) -> DemoReport:
+    configs = demo_configs(pipe) if configs is None else configs
     report = DemoReport()
     for name in TASK_NAMES:
         task = get_task(name)

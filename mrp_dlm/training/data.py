@@ -83,15 +83,16 @@ def encode_samples(prompts: Sequence[str], responses: Sequence[str], tokenizer: 
     return samples
 
 
-def task_texts(task_names: Sequence[str], count: int) -> tuple[list[str], list[str]]:
-    """(user turns, reference responses) of the first `count` train examples of each task."""
+def task_texts(task_names: Sequence[str], count: int,
+               split: str = "train") -> tuple[list[str], list[str]]:
+    """(user turns, reference responses) of the first `count` examples of each task's split."""
     problems, targets = [], []
     for name in task_names:
         try:
             task = get_task(name)
         except KeyError as error:
             raise ValueError(error.args[0]) from error
-        for example in task.examples("train", count):
+        for example in task.examples(split, count):
             problems.append(task.prompt(example))
             targets.append(example.target)
     return problems, targets

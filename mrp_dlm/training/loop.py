@@ -190,7 +190,9 @@ def fingerprint_weights(out: Path) -> str:
     return digest.hexdigest()
 
 
-def write_loss_curve(path: Path, history: list[dict]) -> None:
+def write_loss_curve(path: Path, history: list[dict],
+                     ylabel: str = "loss (CE / p per response token)",
+                     title: str = "SDAR block-diffusion training") -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy import, only here
     from matplotlib.figure import Figure
 
@@ -198,8 +200,7 @@ def write_loss_curve(path: Path, history: list[dict]) -> None:
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     axes.plot([r["step"] for r in history], [r["loss"] for r in history], linewidth=1)
-    axes.set(xlabel="step", ylabel="loss (CE / p per response token)",
-             title="SDAR block-diffusion training")
+    axes.set(xlabel="step", ylabel=ylabel, title=title)
     axes.grid(True, alpha=0.3)
     write_atomic(path, lambda tmp: figure.savefig(tmp, format="png"))
 
@@ -208,39 +209,54 @@ def save_checkpoint(out: Path, model: Backbone, optimizer: torch.optim.Optimizer
                     progress: Progress, config: TrainConfig, history: list[dict]) -> None:
     """Weights first, then the state that names their hash, so a torn save is detected."""
     save_backbone(model, out)
+    save_train_state(out, optimizer, progress, config, history)
+
+
+def save_train_state(out: Path, optimizer: torch.optim.Optimizer, progress: Progress,
+                     config, history: list[dict], curve_title: str | None = None) -> None:
+    """train_state.pt (naming the hash of the weights already in `out`), the config JSON
+    and the loss curve. `config` is any frozen config dataclass."""
     state = {"progress": asdict(progress), "optimizer": optimizer.state_dict(),
              "config": asdict(config), "weights_sha256": fingerprint_weights(out)}
     write_atomic(out / STATE_FILE, lambda tmp: torch.save(state, tmp))
     config_text = json.dumps(asdict(config), indent=2) + "\n"
     write_atomic(out / CONFIG_FILE, lambda tmp: tmp.write_text(config_text))
     if history:
-        write_loss_curve(out / CURVE_FILE, history)
+        write_loss_curve(out / CURVE_FILE, history,
+                         **({"ylabel": "loss", "title": curve_title} if curve_title else {}))
     log.info("saved step %d to %s", progress.step, out)
 
 
-def check_resumable(saved: dict, config: TrainConfig) -> None:
+def check_resumable(saved: dict, config, free: tuple[str, ...] = RESUME_FREE_FIELDS) -> None:
     changed = [f"{f.name}: {saved.get(f.name)!r} -> {getattr(config, f.name)!r}"
                for f in fields(config)
-               if f.name not in RESUME_FREE_FIELDS and saved.get(f.name) != getattr(config, f.name)]
+               if f.name not in free and saved.get(f.name) != getattr(config, f.name)]
     if changed:
         raise ValueError("--resume needs the settings of the saved run; changed: "
                          + "; ".join(changed))
 
 
-def load_checkpoint(out: Path, config: TrainConfig) -> tuple[Backbone, dict, Progress]:
-    """(model, optimizer state dict, progress) of the checkpoint in `out`."""
-    state = torch.load(out / STATE_FILE, map_location=config.device, weights_only=True)
-    check_resumable(state["config"], config)
+def read_train_state(out: Path, config, device: str,
+                     free: tuple[str, ...] = RESUME_FREE_FIELDS) -> tuple[dict, Progress]:
+    """(optimizer state dict, progress) of `out`, checked against `config` and the weights."""
+    state = torch.load(out / STATE_FILE, map_location=device, weights_only=True)
+    check_resumable(state["config"], config, free)
     if fingerprint_weights(out) != state["weights_sha256"]:
         raise ValueError(f"{out}: the weights do not match {STATE_FILE} (a save was interrupted); "
                          "start the run again in a fresh directory")
+    return state["optimizer"], Progress(**state["progress"])
+
+
+def load_checkpoint(out: Path, config: TrainConfig) -> tuple[Backbone, dict, Progress]:
+    """(model, optimizer state dict, progress) of the checkpoint in `out`."""
+    optimizer_state, progress = read_train_state(out, config, config.device)
     model = load_backbone(out, device=config.device).train()
-    return model, state["optimizer"], Progress(**state["progress"])
+    return model, optimizer_state, progress
 
 
-def read_history(out: Path, last_step: int) -> list[dict]:
+def read_history(out: Path, last_step: int, name: str = LOG_FILE) -> list[dict]:
     """Log records up to `last_step`; later ones (lost with the killed run) are dropped."""
-    path = out / LOG_FILE
+    path = out / name
     if not path.is_file():
         return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -249,22 +265,27 @@ def read_history(out: Path, last_step: int) -> list[dict]:
     return kept
 
 
-def append_log(out: Path, record: dict, history: list[dict]) -> None:
+def append_log(out: Path, record: dict, history: list[dict], name: str = LOG_FILE) -> None:
     history.append(record)
-    with (out / LOG_FILE).open("a") as handle:
+    with (out / name).open("a") as handle:
         handle.write(json.dumps(record) + "\n")
+
+
+def is_resuming(out: Path, resume: bool) -> bool:
+    """Whether `out` holds a run to continue; refuses to overwrite one without --resume."""
+    has_state = (out / STATE_FILE).is_file()
+    if has_state and not resume:
+        raise ValueError(f"{out} already holds a training run; pass --resume to continue it "
+                         "or choose another --out")
+    if resume and not has_state:
+        log.info("no checkpoint in %s; starting a fresh run", out)
+    return resume and has_state
 
 
 def start_run(config: TrainConfig, out: Path, texts: list[str]
               ) -> tuple[TextTokenizer, Backbone, torch.optim.Optimizer, Progress]:
     """Tokenizer, model, optimizer and progress of a fresh or resumed run."""
-    has_state = (out / STATE_FILE).is_file()
-    if has_state and not config.resume:
-        raise ValueError(f"{out} already holds a training run; pass --resume to continue it "
-                         "or choose another --out")
-    if config.resume and not has_state:
-        log.info("no checkpoint in %s; starting a fresh run", out)
-    resuming = config.resume and has_state
+    resuming = is_resuming(out, config.resume)
     tokenizer = prepare_tokenizer(config, out, texts, fresh=not resuming)
     if resuming:
         model, optimizer_state, progress = load_checkpoint(out, config)

@@ -1,0 +1,65 @@
+"""Remask MRP decoding for the low-threshold dynamic regime: revoke over-eager reveals.
+
+Each step costs one backbone and one head forward.
+- confidence rule (the paper's, default): the backbone proposes every masked position
+  above the threshold (the dynamic rule, with its n_s fallback); one head pass on the
+  block with those fresh reveals re-scores them on A + C; reveals that were above the
+  threshold and no longer are go back to mask. Same threshold, no new knob.
+- delta rule (the published code's): the head runs on the block before the commit, and
+  any proposal whose residual logit |C[pos, token]| exceeds remask_delta is vetoed.
+Either way a step commits at least one token. With a head that predicts no change both
+rules equal dynamic decoding at the same threshold.
+
+Shapes: B batch, L block size, H hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.decoding.denoise import sampling_of
+from mrp_dlm.decoding.driver import BackboneStep, BlockContext
+from mrp_dlm.decoding.sampling import Proposal, propose, token_confidence
+from mrp_dlm.decoding.selection import revoke_unconfident, select_dynamic, veto_large_residual
+from mrp_dlm.model.head import MRPHead
+
+
+class RemaskDecoder:
+    copies = 1
+
+    def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
+        self.config, self.head = config, head
+        self.sampling = sampling_of(config)
+
+    def keep(self, context: BlockContext, block: torch.Tensor, base: BackboneStep,
+             proposal: Proposal, commit: torch.Tensor) -> torch.Tensor:
+        """The reveals (B, L) that survive the head's second opinion."""
+        model, positions = context.model, context.positions
+        context.counters.stats.head_forwards += 1
+        if self.config.remask_rule == "delta":
+            residual_hidden = self.head(model, block, base.hidden, positions)  # (B, L, H)
+            residual = model.logits(residual_hidden).gather(-1, proposal.tokens[..., None])[..., 0]
+            return veto_large_residual(commit, residual.abs(), self.config.remask_delta)
+        fresh = torch.where(commit, proposal.tokens, block)  # (B, L)
+        corrected = model.logits(self.head.advance(model, fresh, base.hidden, positions))
+        rescored = token_confidence(corrected, proposal.tokens, context.schedule.mask_token_id,
+                                    self.sampling)  # (B, L)
+        confident = commit & (proposal.confidence > self.config.threshold)
+        return revoke_unconfident(commit, confident, rescored, self.config.threshold)
+
+    def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
+        schedule = context.schedule
+        for step in range(schedule.block_size):
+            eligible = (block == schedule.mask_token_id) & context.active[:, None]  # (B, L)
+            if not bool(eligible.any()):
+                return block
+            base = context.denoise(block)
+            proposal = propose(base.logits, schedule.mask_token_id, self.sampling,
+                               context.positions, step)
+            quota = schedule.quotas[min(step, schedule.steps - 1)]
+            commit = select_dynamic(proposal.confidence, eligible, quota, self.config.threshold)
+            commit = self.keep(context, block, base, proposal, commit)
+            context.counters.add_commits(commit)
+            block = torch.where(commit, proposal.tokens, block)
+        return block
