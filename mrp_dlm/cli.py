@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from mrp_dlm.config import DecodeConfig, TrainConfig
+from mrp_dlm.config import DecodeConfig, HeadTrainConfig, TrainConfig
 from mrp_dlm.eval.demo import DEMO_PROBLEMS
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
 from mrp_dlm.model.loading import DTYPES
@@ -51,6 +51,15 @@ def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int
     config = build_dataclass(TrainConfig, args, train_fields)
     out = train_backbone(config)
     print(f"checkpoint written to {out}")
+    return 0
+
+
+def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
+    from mrp_dlm.training.head_loop import train_head
+
+    config = build_dataclass(HeadTrainConfig, args, train_fields)
+    out = train_head(config)
+    print(f"head written to {out}")
     return 0
 
 
@@ -99,10 +108,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     demo.add_argument("--problems", type=int, default=DEMO_PROBLEMS,
                       help=f"problems per task (default: {DEMO_PROBLEMS})")
 
-    train = commands.add_parser("train", help="train a backbone")
+    train = commands.add_parser("train", help="train a backbone or an MRP head")
     targets = train.add_subparsers(dest="target", required=True)
     backbone = targets.add_parser("backbone", help="SDAR block-diffusion training of a backbone")
     fields["train backbone"] = add_dataclass_flags(backbone, TrainConfig)
+    head = targets.add_parser("head", help="train an MRP head on a frozen backbone "
+                                           "(DDP under torchrun)")
+    fields["train head"] = add_dataclass_flags(head, HeadTrainConfig)
     return parser, fields
 
 
@@ -117,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_demo(args)
         if args.command == "train" and args.target == "backbone":
             return cmd_train_backbone(args, fields["train backbone"])
+        if args.command == "train" and args.target == "head":
+            return cmd_train_head(args, fields["train head"])
     except (ValueError, FileNotFoundError) as error:
         print(f"mrp: error: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,448 @@
+"""The MRP decoding modes (direct, speculative, remask) on tiny random models and heads.
+
+- speculative == greedy static decoding (one token per step), token for token, for ANY
+  head: random backbones (several seeds, one with damped attention so that long runs of
+  drafts are accepted), badly initialised heads and fresh (zero) heads, block sizes 4 and
+  16, lookahead K = 1..4, a batch of 8 prompts of different lengths, stop ids inside a
+  block, max_new_tokens not a multiple of the block size;
+- per-row acceptance: every row of a batch gets exactly its solo output and rounds;
+- a fresh head (final norm zero, A + C == A): direct == static with L / (1 + K) steps,
+  remask (both rules) == dynamic at the same threshold;
+- every mode == its slow reference (`tests/reference_mrp.py`) with a random head;
+- the stats counts, the errors, and a CLI smoke test.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from conftest import random_backbone, tiny_config
+from mrp_dlm.cli import main
+from mrp_dlm.config import DecodeConfig, HeadConfig
+from mrp_dlm.decoding.driver import DecodeResult, generate
+from mrp_dlm.decoding.modes import make_decoder
+from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.head import MRPHead
+from mrp_dlm.model.head_loading import load_head, save_head
+from mrp_dlm.model.loading import CheckpointError, save_backbone
+from mrp_dlm.training.tokenizer import save_tokenizer, train_tokenizer
+from reference import reference_generate
+from reference_mrp import reference_mrp_generate
+
+LENGTHS = (3, 8, 5, 12, 1, 9, 17, 20)  # batch prompts: partial blocks, whole blocks, prefill at L=16
+MAX_NEW = {4: 13, 8: 13, 16: 21}  # per block size, never a multiple of it
+
+
+# --- models, heads, decoding ----------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def backbone(seed: int, block_size: int, damped: bool = False) -> Backbone:
+    """A tiny random backbone; `damped` scales attention outputs by 0.15 so that a reveal
+    changes the other positions' logits little and long draft runs are accepted."""
+    model = random_backbone(tiny_config(block_size=block_size), seed=seed)
+    if damped:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.mul_(0.15)
+    return model
+
+
+def random_head(model: Backbone, seed: int, norm: float = 1.0, std: float = 0.5) -> MRPHead:
+    """A badly initialised head: N(0, std) matrices and norms near `norm` (the final one too,
+    which a fresh head has at zero), so it predicts large, wrong residuals."""
+    generator = torch.Generator().manual_seed(500 + seed)
+    head = MRPHead(model.config, HeadConfig(num_layers=1))
+    with torch.no_grad():
+        for param in head.parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(std * noise if param.dim() == 2 else norm * (1.0 + 0.1 * noise))
+    return head.eval()
+
+
+def zero_head(model: Backbone) -> MRPHead:
+    """A fresh head: its final norm is zero, so it predicts no change."""
+    return MRPHead(model.config, HeadConfig(num_layers=1)).eval()
+
+
+HEADS = {
+    "zero": lambda model, seed: zero_head(model),
+    "bad": lambda model, seed: random_head(model, seed),
+    "mild": lambda model, seed: random_head(model, seed, norm=0.1),
+}
+
+
+def prompt_of(length: int, seed: int) -> list[int]:
+    """Random ids below the stop id 97 (no prompt contains the mask 98)."""
+    generator = torch.Generator().manual_seed(2000 + seed)
+    return torch.randint(0, 97, (length,), generator=generator).tolist()
+
+
+PROMPTS = [prompt_of(n, i) for i, n in enumerate(LENGTHS)]
+
+
+def decode(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
+           head: MRPHead | None = None) -> DecodeResult:
+    return generate(model, prompts, config, make_decoder(config, head))
+
+
+def mid_block_stop(model: Backbone, prompts: list[list[int]], block_size: int, max_new: int) -> int:
+    """A stop id that greedy static decoding first generates inside a block (not at its end),
+    in some row, past that row's first decode block; the most frequent such token."""
+    config = DecodeConfig(block_size=block_size, max_new_tokens=max_new, stop_token_ids=())
+    rows = decode(model, prompts, config).token_ids
+    counts = Counter()
+    for prompt, row in zip(prompts, rows):
+        offset = len(prompt) % block_size
+        for index, token in enumerate(row):
+            if token in row[:index]:
+                continue
+            if index >= block_size - offset and (offset + index) % block_size != block_size - 1:
+                counts[token] += 1
+    assert counts, "no candidate stop id"
+    return counts.most_common(1)[0][0]
+
+
+@functools.lru_cache(maxsize=None)
+def static_run(seed: int, block_size: int, damped: bool) -> tuple[tuple[int, ...], DecodeResult]:
+    """(stop ids, greedy static one-token-per-step result) of the batch PROMPTS."""
+    model = backbone(seed, block_size, damped)
+    max_new = MAX_NEW[block_size]
+    stops = (mid_block_stop(model, PROMPTS, block_size, max_new),)
+    config = DecodeConfig(block_size=block_size, max_new_tokens=max_new, stop_token_ids=stops)
+    return stops, decode(model, PROMPTS, config)
+
+
+def describe_mismatch(got: list[list[int]], want: list[list[int]]) -> str:
+    rows = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    if not rows:
+        return "identical"
+    i = rows[0]
+    first = next((j for j, (a, b) in enumerate(zip(got[i], want[i])) if a != b),
+                 min(len(got[i]), len(want[i])))
+    return (f"{len(rows)} of {len(got)} rows differ; row {i} first at token {first}: "
+            f"got {got[i]}\n want {want[i]}")
+
+
+# --- speculative is lossless ----------------------------------------------------------------
+
+# (seed, damped) backbones per block size; every (L, K) runs all of them with every head.
+SPEC_MODELS = [(0, False), (3, False), (5, True)]
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 3, 4])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_speculative_equals_static_for_any_head(block_size, lookahead):
+    histogram = [0] * (lookahead + 1)
+    for seed, damped in SPEC_MODELS:
+        model = backbone(seed, block_size, damped)
+        stops, static = static_run(seed, block_size, damped)
+        assert any(len(row) < MAX_NEW[block_size] for row in static.token_ids), "no row stopped"
+        assert any(len(row) == MAX_NEW[block_size] for row in static.token_ids), "every row stopped"
+        config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
+                              max_new_tokens=MAX_NEW[block_size], stop_token_ids=stops)
+        for name, make_head in HEADS.items():
+            result = decode(model, PROMPTS, config, make_head(model, seed + lookahead))
+            assert result.token_ids == static.token_ids, (
+                f"seed {seed} damped {damped} head {name}: "
+                + describe_mismatch(result.token_ids, static.token_ids))
+            stats = result.stats
+            assert len(stats.accept_histogram) == lookahead + 1
+            assert stats.committed == static.stats.committed
+            histogram = [a + b for a, b in zip(histogram, stats.accept_histogram)]
+    # Not vacuous: head drafts were accepted, and runs of several (K >= 2) too.
+    assert histogram[1] > 0, histogram
+    if lookahead >= 2:
+        assert sum(histogram[2:]) > 0, histogram
+
+
+@pytest.mark.parametrize("block_size,lookahead,head_kind,damped",
+                         [(4, 2, "bad", False), (4, 3, "mild", False), (16, 4, "zero", True)])
+def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped):
+    # Per-row acceptance: a row never waits for (or is held back by) another row, so each
+    # row reproduces its solo output and its solo rounds and acceptances exactly.
+    seed = 1
+    model = backbone(seed, block_size, damped)
+    head = HEADS[head_kind](model, seed)
+    stops, static = static_run(seed, block_size, damped)
+    config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
+                          max_new_tokens=MAX_NEW[block_size], stop_token_ids=stops)
+    batch = decode(model, PROMPTS, config, head)
+    solos = [decode(model, [prompt], config, head) for prompt in PROMPTS]
+    for index, (row, solo) in enumerate(zip(batch.token_ids, solos)):
+        assert row == solo.token_ids[0], f"row {index}: batch {row} != solo {solo.token_ids[0]}"
+        assert row == static.token_ids[index]
+        # Batch 1: one seed forward per block (the rest are verify forwards), store per block.
+        assert solo.stats.denoise_forwards == solo.stats.store_forwards
+        assert solo.stats.rounds == solo.stats.verify_forwards
+    stats = batch.stats
+    summed = [sum(s.stats.accept_histogram[i] for s in solos) for i in range(lookahead + 1)]
+    assert stats.accept_histogram == summed, f"batch {stats.accept_histogram} != solo sum {summed}"
+    assert stats.rounds == sum(s.stats.rounds for s in solos) == sum(summed)
+    assert stats.accepted == sum(s.stats.accepted for s in solos)
+    assert stats.accepted == sum(i * n for i, n in enumerate(summed))
+    assert stats.committed == sum(s.stats.committed for s in solos) == stats.rounds + stats.accepted
+    assert stats.tokens == sum(len(row) for row in batch.token_ids)
+    # A batched verify forward serves every row at once: at least the slowest row's rounds,
+    # at most the rows' rounds laid end to end.
+    verifies = [s.stats.verify_forwards for s in solos]
+    assert max(verifies) <= stats.verify_forwards <= sum(verifies)
+    assert stats.head_forwards == lookahead * stats.verify_forwards
+    assert len({len(row) for row in batch.token_ids}) > 1, "rows should stop at different lengths"
+
+
+# --- a fresh head predicts no change --------------------------------------------------------
+
+@pytest.mark.parametrize("block_size,lookahead", [(4, 1), (4, 3), (16, 1), (16, 3), (16, 7)])
+def test_zero_head_direct_equals_static_with_fewer_steps(block_size, lookahead):
+    steps = block_size // (1 + lookahead)
+    for seed in (0, 2):
+        model = backbone(seed, block_size)
+        head = zero_head(model)
+        common = dict(block_size=block_size, max_new_tokens=MAX_NEW[block_size], stop_token_ids=())
+        static = decode(model, PROMPTS, DecodeConfig(steps=steps, **common))
+        direct = decode(model, PROMPTS, DecodeConfig(mode="direct", lookahead=lookahead, **common),
+                        head)
+        assert direct.token_ids == static.token_ids, describe_mismatch(direct.token_ids,
+                                                                        static.token_ids)
+        assert direct.stats.denoise_forwards == static.stats.denoise_forwards
+        assert direct.stats.committed == static.stats.committed
+        assert direct.stats.head_forwards == lookahead * direct.stats.denoise_forwards
+
+
+@pytest.mark.parametrize("rule", ["confidence", "delta"])
+@pytest.mark.parametrize("block_size,steps,threshold,sampling", [
+    (4, None, 0.3, {}), (4, 2, 0.7, {}), (16, None, 0.5, {}), (16, 4, 0.3, {}),
+    (4, None, 0.3, dict(temperature=0.8, top_k=6, seed=3)),
+])
+def test_zero_head_remask_equals_dynamic(rule, block_size, steps, threshold, sampling):
+    model = backbone(0, block_size)
+    common = dict(block_size=block_size, steps=steps, threshold=threshold,
+                  max_new_tokens=MAX_NEW[block_size], stop_token_ids=(), **sampling)
+    dynamic = decode(model, PROMPTS, DecodeConfig(mode="dynamic", **common))
+    remask = decode(model, PROMPTS, DecodeConfig(mode="remask", remask_rule=rule, **common),
+                    zero_head(model))
+    assert remask.token_ids == dynamic.token_ids, describe_mismatch(remask.token_ids,
+                                                                    dynamic.token_ids)
+    assert remask.stats.denoise_forwards == dynamic.stats.denoise_forwards
+    assert remask.stats.head_forwards == remask.stats.denoise_forwards
+
+
+# --- every mode against its slow reference --------------------------------------------------
+
+def check_reference(model, head, config, lengths=(8, 6)):
+    """Library (batch 1) == reference for each prompt; returns the reference traces."""
+    traces = []
+    for length in lengths:
+        prompt = prompt_of(length, 40 + length)
+        trace = reference_mrp_generate(model, head, prompt, config)
+        result = decode(model, [prompt], config, head)
+        assert result.token_ids[0] == trace.token_ids, (
+            f"fast {result.token_ids[0]}\n != reference {trace.token_ids}\n ({config})")
+        stats = result.stats
+        assert stats.store_forwards == trace.blocks
+        assert stats.head_forwards == trace.head_calls
+        if config.mode == "speculative":
+            assert stats.denoise_forwards == trace.blocks  # one seed per block, no more
+            assert stats.verify_forwards == trace.steps
+            assert stats.accept_histogram == trace.histogram
+        else:
+            assert stats.denoise_forwards == trace.steps
+            assert stats.verify_forwards == 0
+        traces.append(trace)
+    return traces
+
+
+@pytest.mark.parametrize("block_size,steps,lookahead,sampling", [
+    (4, None, 1, {}), (4, None, 2, {}), (4, 2, 1, {}), (8, None, 3, {}),
+    (4, None, 2, dict(temperature=0.8, top_p=0.7, seed=5)),
+])
+def test_direct_matches_reference(block_size, steps, lookahead, sampling):
+    model = backbone(7, block_size)
+    config = DecodeConfig(mode="direct", block_size=block_size, steps=steps, lookahead=lookahead,
+                          max_new_tokens=MAX_NEW[block_size], stop_token_ids=(), **sampling)
+    check_reference(model, random_head(model, 7, norm=0.3), config)
+    # The head matters: a fresh head decodes differently.
+    assert (decode(model, [prompt_of(8, 48)], config, zero_head(model)).token_ids
+            != decode(model, [prompt_of(8, 48)], config, random_head(model, 7, norm=0.3)).token_ids)
+
+
+@pytest.mark.parametrize("block_size,lookahead,head_kind,damped", [
+    (4, 1, "bad", False), (4, 3, "mild", False), (8, 2, "bad", False), (8, 4, "zero", True),
+])
+def test_speculative_matches_reference(block_size, lookahead, head_kind, damped):
+    model = backbone(7, block_size, damped)
+    head = HEADS[head_kind](model, 7)
+    config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
+                          max_new_tokens=MAX_NEW[block_size], stop_token_ids=())
+    traces = check_reference(model, head, config)
+    static = DecodeConfig(block_size=block_size, max_new_tokens=MAX_NEW[block_size],
+                          stop_token_ids=())
+    for length, trace in zip((8, 6), traces):
+        assert trace.token_ids == reference_generate(model, prompt_of(length, 40 + length), static)
+
+
+@pytest.mark.parametrize("rule,threshold,steps,sampling", [
+    ("confidence", 0.3, None, {}), ("confidence", 0.5, 2, {}),
+    ("confidence", 0.3, None, dict(temperature=0.8, top_k=6, seed=3)),
+    ("delta", 0.3, None, {}), ("delta", 0.5, 2, {}),
+])
+def test_remask_matches_reference(rule, threshold, steps, sampling):
+    model = backbone(7, 4)
+    config = DecodeConfig(mode="remask", remask_rule=rule, threshold=threshold, steps=steps,
+                          remask_delta=2.0, max_new_tokens=13, stop_token_ids=(), **sampling)
+    traces = check_reference(model, random_head(model, 7), config, lengths=(8, 6, 3))
+    # Not vacuous: the head sent reveals back, and sometimes all of a step's.
+    assert sum(t.revoked for t in traces) > 0
+    assert sum(t.fallbacks for t in traces) > 0
+
+
+# --- stats ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["direct", "speculative", "remask"])
+def test_stats_definitions(mode):
+    model, lookahead = backbone(0, 4), 3
+    head = random_head(model, 0, norm=0.3)
+    config = DecodeConfig(mode=mode, lookahead=lookahead, threshold=0.3, max_new_tokens=13,
+                          stop_token_ids=())
+    prompt = prompt_of(9, 1)
+    result = decode(model, [prompt], config, head)
+    stats = result.stats
+    blocks = -(-(9 % 4 + 13) // 4)
+    assert stats.tokens == len(result.token_ids[0]) == 13
+    assert stats.committed == blocks * 4 - 9 % 4
+    assert stats.prefill_forwards == 1 and stats.store_forwards == blocks
+    assert stats.backbone_forwards == (stats.prefill_forwards + stats.denoise_forwards
+                                       + stats.verify_forwards + stats.store_forwards)
+    # Batch 1: row counts are the batched counts.
+    assert stats.row_forwards == stats.backbone_forwards
+    assert stats.row_denoise_forwards == stats.denoise_forwards + stats.verify_forwards
+    assert stats.tokens_per_forward == pytest.approx(stats.tokens / stats.backbone_forwards)
+    assert stats.tokens_per_denoise_forward == pytest.approx(
+        stats.tokens / (stats.denoise_forwards + stats.verify_forwards))
+    if mode == "direct":
+        assert stats.head_forwards == lookahead * stats.denoise_forwards
+        assert stats.verify_forwards == 0
+        # Each forward commits up to 1 + K: a block of 4 masks needs one forward.
+        assert stats.denoise_forwards == blocks
+    elif mode == "remask":
+        assert stats.head_forwards == stats.denoise_forwards
+        assert stats.verify_forwards == 0
+    else:
+        assert stats.denoise_forwards == blocks  # the seed forwards
+        assert stats.head_forwards == lookahead * stats.verify_forwards
+        assert stats.rounds == stats.verify_forwards
+        assert len(stats.accept_histogram) == lookahead + 1
+        assert sum(stats.accept_histogram) == stats.rounds
+        assert stats.accepted == sum(i * n for i, n in enumerate(stats.accept_histogram))
+        assert stats.committed == stats.rounds + stats.accepted
+        assert stats.mean_accepted == pytest.approx(stats.accepted / stats.rounds)
+    if mode != "speculative":
+        assert stats.rounds == stats.accepted == 0 and stats.accept_histogram == []
+    summary = stats.to_dict()
+    assert summary["head_forwards"] == stats.head_forwards
+    assert summary["tokens_per_forward"] == round(stats.tokens_per_forward, 4)
+
+
+def test_speculative_batch_row_forwards():
+    model = backbone(0, 4)
+    config = DecodeConfig(mode="speculative", lookahead=2, max_new_tokens=13, stop_token_ids=())
+    result = decode(model, PROMPTS, config, random_head(model, 0))
+    stats = result.stats
+    B = len(PROMPTS)
+    assert stats.backbone_forwards <= stats.row_forwards <= B * stats.backbone_forwards
+    assert stats.tokens_per_forward == pytest.approx(stats.tokens / stats.row_forwards)
+    summed = stats + stats  # two calls' stats add bin by bin
+    assert summed.accept_histogram == [2 * n for n in stats.accept_histogram]
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["direct", "speculative", "remask"])
+def test_mrp_mode_without_head(mode):
+    with pytest.raises(ValueError, match=rf"mode '{mode}' needs an MRP head"):
+        make_decoder(DecodeConfig(mode=mode))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(mode="speculative", temperature=0.5), r"cannot sample"),
+    (dict(mode="speculative", block_size=4, steps=2), r"leave steps unset"),
+    (dict(mode="direct", lookahead=0), r"lookahead must be >= 1, got 0"),
+    (dict(mode="speculative", lookahead=-1), r"lookahead must be >= 1, got -1"),
+    (dict(mode="remask", remask_rule="entropy"), r"unknown remask_rule 'entropy'"),
+    (dict(mode="remask", remask_delta=0.0), r"remask_delta must be > 0"),
+])
+def test_bad_mrp_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeConfig(**kwargs)
+
+
+def test_speculative_steps_equal_to_block_size_is_allowed():
+    assert DecodeConfig(mode="speculative", block_size=4, steps=4).steps == 4
+
+
+def test_head_on_another_backbone_fails(tmp_path):
+    model = backbone(0, 4)
+    save_head(random_head(model, 0), model, tmp_path / "head")
+    loaded = load_head(tmp_path / "head", model)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 random_head(model, 0).state_dict().values()))
+    with pytest.raises(CheckpointError, match=r"trained on another backbone: lm_head_sha256"):
+        load_head(tmp_path / "head", backbone(1, 4))
+    with pytest.raises(CheckpointError, match=r"block_size: head 4 vs backbone 16"):
+        load_head(tmp_path / "head", model, block_size=16)
+    with pytest.raises(CheckpointError, match=r"block_size: head 4 vs backbone 16"):
+        load_head(tmp_path / "head", backbone(0, 16))
+    other = random_backbone(tiny_config(vocab_size=101, hidden_size=32), seed=0)
+    with pytest.raises(CheckpointError, match=r"vocab_size: head 99 vs backbone 101"):
+        load_head(tmp_path / "head", other)
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def saved_model_and_head(tmp_path):
+    texts = ["What is 7 + 5? 7 + 5 = 12\n#### 12", "Tom has 3 apples and buys 4 more.",
+             "def solve():\n    return 3 * 4"] * 4
+    tokenizer = train_tokenizer(texts, vocab_size=300)
+    vocab = tokenizer.get_vocab_size()
+    model = random_backbone(tiny_config(vocab_size=vocab, mask_token_id=3, stop_token_ids=(2,)))
+    save_backbone(model, tmp_path / "model")
+    save_tokenizer(tokenizer, tmp_path / "model")
+    save_head(random_head(model, 0, norm=0.3), model, tmp_path / "head")
+    return tmp_path / "model", tmp_path / "head"
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_generate_speculative_json(saved_model_and_head, capsys):
+    model_dir, head_dir = saved_model_and_head
+    common = ["generate", "--model", str(model_dir), "--prompt", "What is 7 + 5?",
+              "--max-new-tokens", "11", "--json"]
+    code, out, err = run_cli(capsys, *common, "--mode", "speculative", "--lookahead", "3",
+                             "--head", str(head_dir))
+    assert code == 0, err
+    spec = json.loads(out.strip().splitlines()[-1])
+    assert set(spec) == {"text", "token_ids", "stats"}
+    assert len(spec["stats"]["accept_histogram"]) == 4
+    assert spec["stats"]["head_forwards"] == 3 * spec["stats"]["verify_forwards"]
+    code, out, err = run_cli(capsys, *common, "--mode", "static")
+    assert code == 0, err
+    static = json.loads(out.strip().splitlines()[-1])
+    assert spec["token_ids"] == static["token_ids"] and spec["text"] == static["text"]
+
+
+def test_cli_mrp_mode_without_head_fails_cleanly(saved_model_and_head, capsys):
+    model_dir, _ = saved_model_and_head
+    code, out, err = run_cli(capsys, "generate", "--model", str(model_dir), "--prompt", "7 + 5",
+                             "--mode", "direct", "--max-new-tokens", "4")
+    assert code == 2 and out == ""
+    assert "needs an MRP head" in err

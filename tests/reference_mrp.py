@@ -1,0 +1,226 @@
+"""Deliberately slow reference decoders of the MRP modes: direct, speculative and remask.
+
+The specification in code, next to `reference.py` (whose helpers it reuses: the dense
+block-causal mask built with Python loops, token choice, quotas, tie-broken sorting).
+One prompt at a time; every backbone call recomputes the whole sequence (prompt, finished
+blocks, current block) with no KV cache. The MRP head is the unit under reuse, not
+re-implemented: it is called on one block as `head(backbone, tokens, hidden_in, positions)`
+and the chained accumulator is summed here explicitly.
+
+Semantics (MRP_BRIEF §2, §4):
+- direct: per backbone forward, commit the n_s most confident masked positions of A, then
+  K head steps; step k commits the single most confident remaining masked position of
+  A + sum C (the head sees the block after every commit so far; h_in is h_A + sum h_C).
+  Sampling draw index of step s, head step k: s * (K + 1) + k.
+- speculative (naive, greedy only): each round runs the backbone on the current state,
+  drafts S_1 (the backbone's own static one-token pick) and S_2..S_{K+1} (K chained head
+  steps, each a static one-token pick on A + sum C), then checks every draft by running the
+  full backbone on each candidate state S_j separately: draft j+1 stands while the
+  backbone's own pick on S_j gives S_{j+1}. The block becomes the last accepted state.
+- remask, confidence rule: dynamic proposal (every masked position above threshold, the
+  top n_s when fewer qualify); the head runs once on the block with those fresh reveals
+  (h_in = h_A); a reveal that was above threshold and whose probability under A + C is
+  <= threshold goes back to mask; a step keeps at least its best re-scored reveal.
+- remask, delta rule: the head runs on the block before the commit; a proposal with
+  |C[pos, token]| > delta is vetoed; if all are vetoed the smallest |C| is kept.
+- Blocks, stop handling and trimming are those of `reference.py`.
+
+Deliberately not here: batching, caches, speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.head import MRPHead
+from reference import by_score, choose, dense_block_causal_mask, even_quotas
+
+GREEDY = DecodeConfig()  # temperature 0: `choose` takes the argmax
+
+
+@dataclass
+class Trace:
+    """One prompt's output and what the decode did."""
+
+    token_ids: list[int] = field(default_factory=list)  # generated ids, trimmed
+    blocks: int = 0  # decode blocks run
+    steps: int = 0  # direct / remask: backbone steps; speculative: draft/verify rounds
+    head_calls: int = 0  # head forwards
+    histogram: list[int] = field(default_factory=list)  # speculative rounds by head drafts accepted
+    revoked: int = 0  # remask: proposals sent back to mask (confidence) or vetoed (delta)
+    fallbacks: int = 0  # remask: steps that revoked every proposal and kept the best one
+
+
+@torch.no_grad()
+def block_state(model: Backbone, sequence: list[int], start: int,
+                block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden states (L, H) and logits (L, V) of positions [start, start + L), recomputed."""
+    T = len(sequence)
+    hidden = model(torch.tensor([sequence]), torch.arange(T)[None],
+                   dense_block_causal_mask(T, block_size))  # (1, T, H)
+    block_hidden = hidden[0, start:start + block_size]  # (L, H)
+    return block_hidden, model.logits(block_hidden[None])[0]
+
+
+@torch.no_grad()
+def head_residual(model: Backbone, head: MRPHead, block: list[int], hidden_in: torch.Tensor,
+                  start: int) -> torch.Tensor:
+    """The head's residual hidden h_C (L, H) for one block's tokens and h_in (L, H)."""
+    L = len(block)
+    positions = torch.arange(start, start + L)[None]  # (1, L)
+    return head(model, torch.tensor([block]), hidden_in[None], positions)[0]
+
+
+def probability(logits: torch.Tensor, token: int, mask_id: int, config: DecodeConfig) -> float:
+    """Probability of `token` under the tempered softmax of one position's logits (V,)."""
+    logits = logits.clone().float()
+    logits[mask_id] = float("-inf")
+    temperature = config.temperature if config.temperature > 0 else 1.0
+    return torch.softmax(logits / temperature, dim=0)[token].item()
+
+
+def static_pick(logits: torch.Tensor, block: list[int], mask_id: int) -> list[int] | None:
+    """The block after the greedy static rule's one-token pick; None if nothing is masked."""
+    masked = [j for j in range(len(block)) if block[j] == mask_id]
+    if not masked:
+        return None
+    picks = {j: choose(logits[j], mask_id, GREEDY, 0, 0) for j in masked}
+    best = by_score(masked, {j: picks[j][1] for j in masked}, True)[0]
+    return [picks[best][0] if j == best else t for j, t in enumerate(block)]
+
+
+def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
+                 config: DecodeConfig, block_size: int, steps: int, mask_id: int,
+                 trace: Trace) -> None:
+    K = config.lookahead
+    quotas = even_quotas(block_size, steps)
+    step = 0
+    while mask_id in sequence[start:start + block_size]:
+        hidden, logits = block_state(model, sequence, start, block_size)
+        accumulator = hidden  # h_A, then h_A + sum h_C
+        for k in range(K + 1):
+            if k > 0:
+                block = sequence[start:start + block_size]
+                accumulator = accumulator + head_residual(model, head, block, accumulator, start)
+                trace.head_calls += 1
+                logits = model.logits(accumulator[None])[0]  # A + sum C
+            masked = [j for j in range(block_size) if sequence[start + j] == mask_id]
+            quota = quotas[min(step, steps - 1)] if k == 0 else 1
+            proposals = {j: choose(logits[j], mask_id, config, start + j, step * (K + 1) + k)
+                         for j in masked}
+            chosen = by_score(masked, {j: p[1] for j, p in proposals.items()}, True)[:quota]
+            for j in chosen:
+                sequence[start + j] = proposals[j][0]
+        step += 1
+    trace.steps += step
+
+
+def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
+                      config: DecodeConfig, block_size: int, steps: int, mask_id: int,
+                      trace: Trace) -> None:
+    assert config.temperature == 0 and steps == block_size
+    K = config.lookahead
+    while mask_id in sequence[start:start + block_size]:
+        current = sequence[start:start + block_size]
+        hidden, logits = block_state(model, sequence, start, block_size)
+        # Draft: S_1 from the backbone, S_2 .. S_{K+1} from K chained head steps.
+        drafts: list[list[int] | None] = []
+        state, accumulator = current, hidden
+        for index in range(K + 1):
+            picked = static_pick(logits, state, mask_id)
+            drafts.append(picked)
+            state = picked if picked is not None else state
+            if index < K:
+                accumulator = accumulator + head_residual(model, head, state, accumulator, start)
+                trace.head_calls += 1
+                logits = model.logits(accumulator[None])[0]
+        # Verify: the full backbone on each candidate state separately.
+        accepted = 1  # S_1 is the backbone's own pick
+        for j in range(1, K + 1):
+            if drafts[j] is None:
+                break
+            candidate = sequence[:start] + drafts[j - 1] + sequence[start + block_size:]
+            _, check = block_state(model, candidate, start, block_size)
+            if static_pick(check, drafts[j - 1], mask_id) != drafts[j]:
+                break
+            accepted += 1
+        sequence[start:start + block_size] = drafts[accepted - 1]
+        trace.histogram[accepted - 1] += 1
+        trace.steps += 1
+
+
+def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
+                 config: DecodeConfig, block_size: int, steps: int, mask_id: int,
+                 trace: Trace) -> None:
+    quotas = even_quotas(block_size, steps)
+    step = 0
+    while mask_id in sequence[start:start + block_size]:
+        block = sequence[start:start + block_size]
+        hidden, logits = block_state(model, sequence, start, block_size)
+        masked = [j for j in range(block_size) if block[j] == mask_id]
+        proposals = {j: choose(logits[j], mask_id, config, start + j, step) for j in masked}
+        confidence = {j: p[1] for j, p in proposals.items()}
+        quota = min(quotas[min(step, steps - 1)], len(masked))
+        above = [j for j in masked if confidence[j] > config.threshold]
+        commit = above if len(above) >= quota else by_score(masked, confidence, True)[:quota]
+        trace.head_calls += 1
+        if config.remask_rule == "confidence":
+            fresh = [proposals[j][0] if j in commit else t for j, t in enumerate(block)]
+            corrected_hidden = hidden + head_residual(model, head, fresh, hidden, start)  # h_A + h_C
+            corrected = model.logits(corrected_hidden[None])[0]  # A + C
+            rescored = {j: probability(corrected[j], proposals[j][0], mask_id, config)
+                        for j in commit}
+            kept = [j for j in commit
+                    if not (confidence[j] > config.threshold and rescored[j] <= config.threshold)]
+            if not kept:
+                kept = by_score(commit, rescored, True)[:1]
+                trace.fallbacks += 1
+        else:
+            residual = model.logits(head_residual(model, head, block, hidden, start)[None])[0]
+            size = {j: abs(residual[j, proposals[j][0]].item()) for j in commit}
+            kept = [j for j in commit if size[j] <= config.remask_delta]
+            if not kept:
+                kept = by_score(commit, size, False)[:1]
+                trace.fallbacks += 1
+        assert kept and set(kept) <= set(commit), "reference remask made no progress"
+        trace.revoked += len(commit) - len(kept)
+        for j in kept:
+            sequence[start + j] = proposals[j][0]
+        step += 1
+    trace.steps += step
+
+
+BLOCK_DECODERS = {"direct": direct_block, "speculative": speculative_block,
+                  "remask": remask_block}
+
+
+def reference_mrp_generate(model: Backbone, head: MRPHead, prompt: list[int],
+                           config: DecodeConfig) -> Trace:
+    """Decode one prompt with the MRP mode named by config.mode; see the module docstring."""
+    block_size = config.block_size or model.config.block_size
+    steps = config.steps or block_size
+    mask_id = model.config.mask_token_id
+    stops = model.config.stop_token_ids if config.stop_token_ids is None else config.stop_token_ids
+    decode_block = BLOCK_DECODERS[config.mode]
+    trace = Trace(histogram=[0] * (config.lookahead + 1) if config.mode == "speculative" else [])
+    n = len(prompt)
+    sequence = list(prompt)
+    start = n // block_size * block_size
+    while start < n + config.max_new_tokens:
+        sequence += [mask_id] * (start + block_size - len(sequence))
+        decode_block(model, head, sequence, start, config, block_size, steps, mask_id, trace)
+        trace.blocks += 1
+        if any(t in stops for t in sequence[max(start, n):start + block_size]):
+            break
+        start += block_size
+    generated = sequence[n:n + config.max_new_tokens]
+    for index, token in enumerate(generated):
+        if token in stops:
+            generated = generated[:index + 1]
+            break
+    trace.token_ids = generated
+    return trace
