@@ -222,6 +222,7 @@ def write_atomic(path: Path, write) -> None:
     """Write through a temporary file and rename, so a crash never leaves half a file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     write(tmp)
+    os.chmod(tmp, 0o644)  # some writers create 0600 files; checkpoints are meant to be shared
     os.replace(tmp, path)
 
 
