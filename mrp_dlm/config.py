@@ -240,3 +240,68 @@ class TrainConfig:
     @property
     def task_names(self) -> tuple[str, ...]:
         return tuple(name.strip() for name in self.tasks.split(",") if name.strip())
+
+
+REVEAL_RULES = ("static", "random")
+
+
+@dataclass(frozen=True)
+class HeadTrainConfig:
+    """MRP head training on a frozen backbone: objective, data, optimiser, checkpoints."""
+
+    model: str  # backbone checkpoint dir (HF format, with its tokenizer); it stays frozen
+    out: str  # head checkpoint dir (head + train_state.pt + train_log.jsonl + metrics.jsonl)
+    head_layers: int = HeadConfig.num_layers  # decoder layers of the head
+    init_std: float = HeadConfig.init_std  # std of the normal init of the head's matrices
+    lookahead: int = 1  # K, chained head steps trained per batch (one reveal and teacher each)
+    reveal_rule: str = "random"  # random: a random masked position, true token; static: the backbone's pick
+    reveal_max: int = 1  # reveals per block per step, drawn uniformly from 1..reveal_max
+    block_size: int | None = None  # L; None means the model's
+    tasks: str = "arith,arith-code"  # comma-separated task names the data comes from
+    train_examples: int = 50000  # training examples drawn from each task
+    eval_examples: int = 128  # held-out test-split examples per task for the metrics
+    seq_len: int = 256  # tokens per packed row, a multiple of the block size
+    batch_size: int = 16  # packed rows per optimizer step, over all processes
+    steps: int = 2000  # optimizer steps
+    lr: float = 1e-3  # peak learning rate
+    warmup_frac: float = 0.03  # fraction of steps with linear warmup
+    min_lr_ratio: float = 0.1  # the cosine decays to min_lr_ratio * lr
+    weight_decay: float = 0.01  # AdamW decay, applied to matrices only
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    bf16: bool = False  # bfloat16 backbone weights and autocast where the device supports it
+    grad_checkpointing: bool = False  # recompute the head's layers in the backward pass
+    seed: int = 0  # seeds the head init, the data order, the noise and the reveals
+    eval_every: int = 100  # steps between held-out evaluations (the last step always evaluates)
+    log_every: int = 10  # steps between JSONL log lines
+    save_every: int = 250  # steps between checkpoints (the last step always saves)
+    resume: bool = False  # continue from the checkpoint in `out`
+    device: str = "cpu"  # torch device: cpu, cuda or cuda:N (each process's own under torchrun)
+
+    def __post_init__(self) -> None:
+        if not self.model or not self.out:
+            raise ValueError("model and out must name directories")
+        for name in ("head_layers", "lookahead", "reveal_max", "train_examples", "eval_examples",
+                     "seq_len", "batch_size", "steps", "eval_every", "log_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.reveal_rule not in REVEAL_RULES:
+            raise ValueError(f"unknown reveal_rule {self.reveal_rule!r}; choose one of "
+                             f"{', '.join(REVEAL_RULES)}")
+        if self.block_size is not None and (self.block_size < 1 or self.seq_len % self.block_size):
+            raise ValueError(f"block_size ({self.block_size}) must be >= 1 and divide seq_len "
+                             f"({self.seq_len})")
+        if not self.task_names:
+            raise ValueError("tasks must name at least one task")
+        if self.init_std <= 0 or self.lr <= 0:
+            raise ValueError(f"init_std and lr must be > 0, got {self.init_std}, {self.lr}")
+        if not 0.0 <= self.warmup_frac < 1.0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"warmup_frac must be in [0, 1) and min_lr_ratio in [0, 1], got "
+                             f"{self.warmup_frac}, {self.min_lr_ratio}")
+        if self.weight_decay < 0 or self.grad_clip < 0 or self.seed < 0:
+            raise ValueError("weight_decay, grad_clip and seed must be >= 0")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        return tuple(name.strip() for name in self.tasks.split(",") if name.strip())

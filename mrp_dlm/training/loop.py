@@ -209,22 +209,21 @@ def save_checkpoint(out: Path, model: Backbone, optimizer: torch.optim.Optimizer
                     progress: Progress, config: TrainConfig, history: list[dict]) -> None:
     """Weights first, then the state that names their hash, so a torn save is detected."""
     save_backbone(model, out)
-    save_train_state(out, optimizer, progress, config, history)
+    save_train_state(out, optimizer, progress, config)
+    if history:
+        write_loss_curve(out / CURVE_FILE, history)
+    log.info("saved step %d to %s", progress.step, out)
 
 
 def save_train_state(out: Path, optimizer: torch.optim.Optimizer, progress: Progress,
-                     config, history: list[dict], curve_title: str | None = None) -> None:
-    """train_state.pt (naming the hash of the weights already in `out`), the config JSON
-    and the loss curve. `config` is any frozen config dataclass."""
+                     config) -> None:
+    """train_state.pt, naming the hash of the weights already in `out`, and the config JSON
+    (`config` is any frozen config dataclass)."""
     state = {"progress": asdict(progress), "optimizer": optimizer.state_dict(),
              "config": asdict(config), "weights_sha256": fingerprint_weights(out)}
     write_atomic(out / STATE_FILE, lambda tmp: torch.save(state, tmp))
     config_text = json.dumps(asdict(config), indent=2) + "\n"
     write_atomic(out / CONFIG_FILE, lambda tmp: tmp.write_text(config_text))
-    if history:
-        write_loss_curve(out / CURVE_FILE, history,
-                         **({"ylabel": "loss", "title": curve_title} if curve_title else {}))
-    log.info("saved step %d to %s", progress.step, out)
 
 
 def check_resumable(saved: dict, config, free: tuple[str, ...] = RESUME_FREE_FIELDS) -> None:

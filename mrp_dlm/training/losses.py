@@ -24,6 +24,12 @@ from mrp_dlm.training.masks import NoisySlots, build_dual_inputs, select_noisy_s
 from mrp_dlm.training.noise import NoisyBatch
 
 
+def without_mask_token(logits: torch.Tensor, mask_token_id: int) -> torch.Tensor:
+    """logits (..., V) as float32 with the [MASK] logit at -inf, as at inference."""
+    index = torch.tensor([mask_token_id], device=logits.device)
+    return logits.float().index_fill(-1, index, float("-inf"))
+
+
 def diffusion_loss(logits: torch.Tensor, targets: torch.Tensor, mask_rate: torch.Tensor,
                    num_response_tokens: int, mask_token_id: int) -> torch.Tensor:
     """Scalar float32 loss from the masked positions only.
@@ -37,8 +43,7 @@ def diffusion_loss(logits: torch.Tensor, targets: torch.Tensor, mask_rate: torch
     if logits.shape[:1] != targets.shape or targets.shape != mask_rate.shape:
         raise ValueError(f"shape mismatch: logits {tuple(logits.shape)}, targets "
                          f"{tuple(targets.shape)}, mask_rate {tuple(mask_rate.shape)}")
-    logits = logits.float().index_fill(1, torch.tensor([mask_token_id], device=logits.device),
-                                       float("-inf"))  # (N, V)
+    logits = without_mask_token(logits, mask_token_id)  # (N, V)
     cross_entropy = F.cross_entropy(logits, targets, reduction="none")  # (N,)
     return (cross_entropy / mask_rate).sum() / num_response_tokens
 

@@ -1,0 +1,111 @@
+"""The noisy blocks of a packed batch and the frozen backbone's passes over them.
+
+MRP head training runs the backbone several times on the same batch: once on x_t (the
+A-pass, giving `base_hidden` h_A) and once per lookahead step on x_t with more positions
+revealed (the teacher B-passes). Clean rows never attend to noisy slots, so their keys
+and values are the same in every pass: `encode_batch` runs x_0 once into a KV cache and
+each pass then runs only the noisy slots against it. This is the three-part [x_t ; x_0]
+training mask of `masks.build_dual_inputs`, split into its clean and noisy query rows;
+it gives the dual forward's hidden states (up to float rounding) at (T + Tn) + K * Tn
+tokens instead of (K + 1) * (T + Tn).
+
+Noisy slots are those of `masks.select_noisy_slots` (whole blocks that hold a mask), so
+every L consecutive noisy slots are one sample block; the head works on them as N blocks
+of L, padding blocks dropped.
+
+Deliberately not here: which positions are revealed and the loss (see `head_loss.py`).
+
+Shapes: B rows, T tokens per row, Tn noisy slots per row, N kept blocks, L block size,
+H hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.cache import KVCache
+from mrp_dlm.training.data import PackedBatch
+from mrp_dlm.training.masks import build_dual_inputs, select_noisy_slots
+from mrp_dlm.training.noise import NoisyBatch
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Maps row tensors to the (N, L) blocks of the noisy slots and back."""
+
+    index: torch.Tensor  # (B, Tn) int64, the x_0 slot each noisy slot copies
+    keep: torch.Tensor  # (B * Tn / L,) bool, True for blocks of a sample (not padding)
+    block_size: int  # L
+
+    def blocks(self, noisy: torch.Tensor) -> torch.Tensor:
+        """(B, Tn, *) noisy-slot tensor -> (N, L, *) kept blocks."""
+        return noisy.reshape(-1, self.block_size, *noisy.shape[2:])[self.keep]
+
+    def take(self, rows: torch.Tensor) -> torch.Tensor:
+        """(B, T) row tensor -> (N, L) its values at the kept noisy slots."""
+        return self.blocks(rows.gather(1, self.index))
+
+    def scatter(self, blocks: torch.Tensor, fill: int) -> torch.Tensor:
+        """(N, L) blocks -> (B, Tn) noisy slots; padding slots get `fill`."""
+        full = blocks.new_full((self.keep.numel(), self.block_size), fill)  # (B*Tn/L, L)
+        full[self.keep] = blocks
+        return full.view(self.index.shape)
+
+
+@dataclass(frozen=True)
+class CleanContext:
+    """The backbone's KV cache of x_0 and what a noisy pass against it needs."""
+
+    cache: KVCache  # slots [0, T) hold x_0; noisy passes write [T, T + Tn)
+    mask: torch.Tensor  # (B, Tn, T + Tn) bool, noisy queries over [x_0 ; x_t] keys
+    positions: torch.Tensor  # (B, Tn) int64, positions of the noisy slots
+    layout: BlockLayout  # noisy slots <-> blocks
+    mask_token_id: int  # fills padding slots
+
+
+@dataclass(frozen=True)
+class NoisyBlocks:
+    """x_t cut into the blocks that hold a mask, with what the objective needs per position."""
+
+    tokens: torch.Tensor  # (N, L) int64, x_t
+    targets: torch.Tensor  # (N, L) int64, x_0
+    masked: torch.Tensor  # (N, L) bool, True where x_t holds [MASK]
+    rates: torch.Tensor  # (N, L) float32, p of the position's sample
+    positions: torch.Tensor  # (N, L) int64, positions within the sample
+    base_hidden: torch.Tensor  # (N, L, H) h_A, backbone final hidden on x_t (backbone dtype)
+
+
+@torch.no_grad()
+def run_blocks(backbone: Backbone, context: CleanContext, tokens: torch.Tensor) -> torch.Tensor:
+    """Final hidden (N, L, H) of the backbone on the blocks `tokens` (N, L), against x_0."""
+    ids = context.layout.scatter(tokens, context.mask_token_id)  # (B, Tn)
+    start = context.mask.shape[2] - ids.shape[1]
+    hidden = backbone(ids, context.positions, context.mask, context.cache, start)  # (B, Tn, H)
+    return context.layout.blocks(hidden)
+
+
+@torch.no_grad()
+def encode_batch(backbone: Backbone, batch: PackedBatch,
+                 noisy: NoisyBatch) -> tuple[NoisyBlocks, CleanContext]:
+    """x_0 into the cache, then the A-pass on x_t; all inputs (B, T) on the model's device."""
+    config = backbone.config
+    L = config.block_size
+    slots = select_noisy_slots(noisy.masked, L)
+    dual = build_dual_inputs(batch, noisy.noisy_ids, slots, L)
+    (B, Tn), T = slots.index.shape, batch.input_ids.shape[1]
+    param = backbone.lm_head.weight
+    cache = KVCache(config.num_layers, B, config.num_kv_heads, T + Tn, config.head_dim,
+                    param.dtype, param.device)
+    backbone(batch.input_ids, batch.positions, dual.mask[:, Tn:, Tn:], cache, 0)  # writes x_0
+    mask = torch.cat((dual.mask[:, :Tn, Tn:], dual.mask[:, :Tn, :Tn]), dim=2)  # (B, Tn, T+Tn)
+    layout = BlockLayout(slots.index, slots.valid.view(B, Tn // L, L)[..., 0].reshape(-1), L)
+    context = CleanContext(cache, mask, dual.positions[:, :Tn], layout, config.mask_token_id)
+    tokens = layout.take(noisy.noisy_ids)  # (N, L)
+    blocks = NoisyBlocks(tokens=tokens, targets=layout.take(batch.input_ids),
+                         masked=layout.take(noisy.masked), rates=layout.take(noisy.mask_rate),
+                         positions=layout.take(batch.positions),
+                         base_hidden=run_blocks(backbone, context, tokens))
+    return blocks, context

@@ -1,0 +1,284 @@
+"""`mrp train head`: train an MRP residual head on a frozen backbone, with exact resume.
+
+`train_head(config)` loads the backbone (frozen: no grads, eval mode; bfloat16 with
+`--bf16`) and its tokenizer, builds a seeded head, and runs AdamW with the backbone
+loop's warmup + cosine schedule on the objective of `head_loss.py`. Every `save_every`
+steps and at the end rank 0 writes into `config.out`: the head (`save_head`: config.json
+with the backbone fingerprint + model.safetensors), `train_state.pt`, `train_config.json`
+and `loss_curve.png`; `train_log.jsonl` gets a line every `log_every` steps and
+`metrics.jsonl` the held-out metrics (see `head_eval.py`) every `eval_every` steps.
+
+Resume is exact for the same reasons as the backbone's (see `loop.py`): the batch, the
+noise and the reveal draws of step s are pure functions of (seed, s), drawn for the whole
+global batch, so neither resuming nor the number of processes changes them.
+
+Under torchrun the same call trains with DDP (see `distributed.py`); `batch_size` is the
+global number of rows.
+
+Deliberately not here: the objective and metrics (see `head_loss.py`, `head_eval.py`),
+flag parsing (see `cli.py`).
+
+Shapes: B rows, T tokens per row, K lookahead.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch.utils.checkpoint import checkpoint
+from tqdm import tqdm
+
+from mrp_dlm.config import HeadConfig, HeadTrainConfig
+from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.head import MRPHead
+from mrp_dlm.model.head_loading import load_head, save_head
+from mrp_dlm.model.loading import SINGLE_FILE, load_backbone
+from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
+from mrp_dlm.training import loop
+from mrp_dlm.training.data import (BatchSchedule, PackedBatch, SpecialIds, chat_samples,
+                                   derive_seed, find_special_ids, task_texts)
+from mrp_dlm.training.distributed import (World, all_sum, join_world, leave_world, shard_record,
+                                          shard_rows, wrap_module)
+from mrp_dlm.training.head_batch import encode_batch
+from mrp_dlm.training.head_eval import HeldOutBatch, build_held_out, evaluate_head
+from mrp_dlm.training.head_loss import RevealPlan, chain_loss, chain_steps, draw_reveals
+from mrp_dlm.training.noise import NoisyBatch, add_noise
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+# Fields a resumed run may change: they touch neither the weights nor the data. The model
+# directory may move: the head's backbone fingerprint is checked on load instead.
+RESUME_FREE_FIELDS = loop.RESUME_FREE_FIELDS + ("model", "eval_every", "eval_examples")
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """This process's share of one step's data, on the device."""
+
+    batch: PackedBatch  # (B / world, T) x_0 rows
+    noisy: NoisyBatch  # (B / world, T) x_t
+    keys: torch.Tensor  # (K, B / world, T) float32 random reveal priorities
+    counts: torch.Tensor  # (K, B / world, T) int64 reveals per block (constant within a block)
+    normaliser: float  # response tokens of the global batch / world size
+    tokens: int  # sample tokens of the global batch (for tokens/s)
+
+
+def load_frozen_backbone(config: HeadTrainConfig, dtype: torch.dtype, device: str) -> Backbone:
+    """The backbone in eval mode without grads, in `dtype` (it is never updated)."""
+    backbone = load_backbone(config.model, dtype=dtype, device=device,
+                             block_size=config.block_size)
+    if config.seq_len % backbone.config.block_size:
+        raise ValueError(f"seq_len ({config.seq_len}) must be a multiple of the block size "
+                         f"({backbone.config.block_size})")
+    return backbone.requires_grad_(False).eval()
+
+
+def model_tokenizer(config: HeadTrainConfig,
+                    backbone: Backbone) -> tuple[TextTokenizer, SpecialIds]:
+    tokenizer = load_tokenizer(config.model)
+    if tokenizer is None or tokenizer.chat_template is None:
+        raise ValueError(f"{config.model} has no tokenizer with a chat template")
+    special = find_special_ids(tokenizer)
+    if special.mask != backbone.config.mask_token_id:
+        raise ValueError(f"the tokenizer's <|MASK|> id {special.mask} differs from the model's "
+                         f"mask_token_id {backbone.config.mask_token_id}")
+    return tokenizer, special
+
+
+def checkpoint_layers(head: MRPHead) -> MRPHead:
+    """Recompute each head layer in the backward pass instead of storing its activations.
+
+    Wraps the layers' bound forwards in place, so parameter names (and checkpoints) are
+    unchanged; non-reentrant checkpointing works under DDP and with chained steps.
+    """
+    for layer in head.layers:
+        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+    return head
+
+
+def build_head(config: HeadTrainConfig, backbone: Backbone) -> MRPHead:
+    """A seeded float32 head on the backbone's device (the global RNG is left untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(config.seed, "head-init", 0))
+        head = MRPHead(backbone.config, HeadConfig(config.head_layers, config.init_std))
+    return head.to(backbone.lm_head.weight.device).train()
+
+
+def resume_head(config: HeadTrainConfig, out: Path, backbone: Backbone) -> MRPHead:
+    """The head saved in `out` in float32 (a bfloat16 backbone would round it on load)."""
+    head = load_head(out, backbone, config.block_size).float()  # checks the fingerprint
+    device = str(backbone.lm_head.weight.device)
+    head.load_state_dict(load_file(str(out / SINGLE_FILE), device=device))
+    return head.train()
+
+
+@dataclass
+class HeadRun:
+    """What every step of one run uses, built once."""
+
+    config: HeadTrainConfig  # the run's settings
+    world: World  # this process among the data-parallel ones
+    out: Path  # output directory (rank 0 writes it)
+    backbone: Backbone  # frozen
+    head: MRPHead  # the trained module (saved)
+    model: torch.nn.Module  # the head, or its DDP wrapper: what the step calls
+    optimizer: torch.optim.Optimizer  # AdamW over the head's parameters
+    precision: torch.dtype | None  # autocast dtype, None for float32
+
+
+def start_head_run(config: HeadTrainConfig, world: World, backbone: Backbone,
+                   precision: torch.dtype | None) -> tuple[HeadRun, loop.Progress]:
+    """A fresh (seeded) or resumed head with its optimizer, and the progress so far."""
+    out = Path(config.out)
+    if loop.is_resuming(out, config.resume):
+        optimizer_state, progress = loop.read_train_state(out, config, world.device,
+                                                          RESUME_FREE_FIELDS)
+        head = resume_head(config, out, backbone)
+        optimizer = loop.build_optimizer(head, config)
+        optimizer.load_state_dict(optimizer_state)
+    else:
+        head, progress = build_head(config, backbone), loop.Progress()
+        optimizer = loop.build_optimizer(head, config)
+    if config.grad_checkpointing:
+        checkpoint_layers(head)
+    run = HeadRun(config, world, out, backbone, head, wrap_module(head, world), optimizer,
+                  precision)
+    return run, progress
+
+
+def load_data(config: HeadTrainConfig, tokenizer: TextTokenizer, special: SpecialIds,
+              block_size: int, world: World) -> tuple[BatchSchedule, list[HeldOutBatch]]:
+    """The training schedule (global batches) and this process's share of the held-out set."""
+    problems, targets = task_texts(config.task_names, config.train_examples)
+    schedule = BatchSchedule(chat_samples(problems, targets, tokenizer, block_size),
+                             config.seq_len, config.batch_size, config.seed, special.pad)
+    problems, targets = task_texts(config.task_names, config.eval_examples, split="test")
+    held_out = build_held_out(chat_samples(problems, targets, tokenizer, block_size), config,
+                              special, world)
+    return schedule, held_out
+
+
+def draw_step(config: HeadTrainConfig, schedule: BatchSchedule, step: int, mask_token_id: int,
+              block_size: int, world: World) -> StepInputs:
+    """The global batch of `step` with its noise and reveal draws, cut to this process's rows."""
+    batch = schedule.batch(step)
+    generator = torch.Generator().manual_seed(derive_seed(config.seed, "noise", step))
+    noisy = add_noise(batch.input_ids, batch.segment_ids, batch.response, mask_token_id, generator)
+    keys, counts = draw_reveals(generator, config.batch_size, config.seq_len, block_size,
+                                config.lookahead, config.reveal_max)  # (K, B, T) each
+    return StepInputs(batch=shard_record(batch, world), noisy=shard_record(noisy, world),
+                      keys=shard_rows(keys, world, dim=1).to(world.device),
+                      counts=shard_rows(counts, world, dim=1).to(world.device),
+                      normaliser=int(batch.response.sum()) / world.size,
+                      tokens=batch.num_tokens)
+
+
+def train_step(run: HeadRun, inputs: StepInputs, step: int) -> tuple[float, float]:
+    """One optimizer step; returns (global loss, gradient norm before clipping)."""
+    config, backbone = run.config, run.backbone
+    for group in run.optimizer.param_groups:
+        group["lr"] = loop.learning_rate(config, step)
+    with autocast_context(run):
+        blocks, context = encode_batch(backbone, inputs.batch, inputs.noisy)
+        take = context.layout.take
+        plan = RevealPlan(config.reveal_rule, torch.stack([take(k) for k in inputs.keys]),
+                          torch.stack([take(c)[:, 0] for c in inputs.counts]))
+        loss = chain_loss(chain_steps(run.model, backbone, blocks, context, plan), blocks.rates,
+                          inputs.normaliser, backbone.config.mask_token_id)
+    loss.backward()
+    max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.head.parameters(), max_norm)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return all_sum(loss.detach(), run.world).item() / run.world.size, grad_norm.item()
+
+
+def autocast_context(run: HeadRun) -> torch.autocast:
+    return torch.autocast(torch.device(run.world.device).type,
+                          dtype=run.precision or torch.bfloat16, enabled=run.precision is not None)
+
+
+def save_head_checkpoint(run: HeadRun, progress: loop.Progress, history: list[dict]) -> None:
+    """Head weights first, then the state that names their hash (see `loop.save_train_state`)."""
+    save_head(run.head, run.backbone, run.out, run.config.block_size)
+    loop.save_train_state(run.out, run.optimizer, progress, run.config)
+    if history:
+        loop.write_loss_curve(run.out / loop.CURVE_FILE, history,
+                              ylabel="loss (KL / p per response token)", title="MRP head training")
+    log.info("saved step %d to %s", progress.step, run.out)
+
+
+def run_evaluation(run: HeadRun, held_out: list[HeldOutBatch], step: int,
+                   metrics: list[dict]) -> dict:
+    """Held-out metrics now; rank 0 appends them to metrics.jsonl."""
+    started = time.perf_counter()
+    run.head.eval()
+    with autocast_context(run):
+        result = evaluate_head(run.head, run.backbone, held_out, run.config.lookahead, run.world)
+    run.head.train()
+    record = {"step": step, **result, "seconds": round(time.perf_counter() - started, 3)}
+    if run.world.is_main:
+        loop.append_log(run.out, record, metrics, METRICS_FILE)
+    return record
+
+
+def train_head(config: HeadTrainConfig) -> Path:
+    """Train (or resume) an MRP head as configured; returns the output directory."""
+    world = join_world(config.device)
+    try:
+        return run_training(config, world)
+    finally:
+        leave_world(world)
+
+
+def run_training(config: HeadTrainConfig, world: World) -> Path:
+    if config.batch_size % world.size:
+        raise ValueError(f"batch_size ({config.batch_size}) must be a multiple of the "
+                         f"number of processes ({world.size})")
+    precision = loop.autocast_dtype(config)
+    backbone = load_frozen_backbone(config, precision or torch.float32, world.device)
+    tokenizer, special = model_tokenizer(config, backbone)
+    L = backbone.config.block_size
+    schedule, held_out = load_data(config, tokenizer, special, L, world)
+    if world.is_main:
+        Path(config.out).mkdir(parents=True, exist_ok=True)
+    run, progress = start_head_run(config, world, backbone, precision)
+    history = loop.read_history(run.out, progress.step) if world.is_main else []
+    metrics = loop.read_history(run.out, progress.step, METRICS_FILE) if world.is_main else []
+    log.info("%d samples, %d held-out rows, head %.2fM parameters, start at step %d of %d",
+             len(schedule.samples), sum(h.batch.input_ids.shape[0] for h in held_out),
+             sum(p.numel() for p in run.head.parameters()) / 1e6, progress.step, config.steps)
+    window = loop.LogWindow()
+    bar = tqdm(range(progress.step, config.steps), initial=progress.step, total=config.steps,
+               desc="train head", unit="step", mininterval=1.0, disable=not world.is_main)
+    for step in bar:
+        started = time.perf_counter()
+        inputs = draw_step(config, schedule, step, special.mask, L, world)
+        loss, grad_norm = train_step(run, inputs, step)
+        seconds = time.perf_counter() - started
+        progress = loop.Progress(step + 1, progress.elapsed + seconds,
+                                 progress.tokens + inputs.tokens)
+        window.add(loss, inputs.tokens, seconds)
+        done = progress.step == config.steps
+        if progress.step % config.log_every == 0 or done:
+            record = window.record(progress, loop.learning_rate(config, step), grad_norm)
+            if world.is_main:
+                loop.append_log(run.out, record, history)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            window = loop.LogWindow()
+        if progress.step % config.eval_every == 0 or done:
+            result = run_evaluation(run, held_out, progress.step, metrics)
+            bar.set_postfix(kl=f"{result['kl_residual'][0]:.4f}",
+                            pick=f"{result['pick_agreement'][0]:.3f}")
+        if world.is_main and (progress.step % config.save_every == 0 or done):
+            save_head_checkpoint(run, progress, history)
+    bar.close()
+    return run.out

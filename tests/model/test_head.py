@@ -1,0 +1,115 @@
+"""The MRP head and its checkpoints: zero residual, chaining, save/load, fingerprint, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mrp_dlm.config import HeadConfig
+from mrp_dlm.model.head import MRPHead
+from mrp_dlm.model.head_loading import load_head, save_head
+from mrp_dlm.model.loading import CheckpointError
+
+B, L = 3, 4
+
+
+def block_inputs(model, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens (B, L), base hidden (B, L, H) of the backbone on them, positions (B, L)."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, model.config.vocab_size - 2, (B, L), generator=generator)
+    tokens[:, 1] = model.config.mask_token_id
+    positions = 8 + torch.arange(L).expand(B, L)  # (B, L), the block after two full blocks
+    mask = torch.ones(B, L, L, dtype=torch.bool)  # (B, L, L)
+    with torch.no_grad():
+        hidden = model(tokens, positions, mask)  # (B, L, H)
+    return tokens, hidden, positions
+
+
+def randomize(head: MRPHead, seed: int) -> MRPHead:
+    """Every parameter random (the final norm included), as after training."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in head.parameters():
+            param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+    return head
+
+
+def test_zeroed_output_norm_gives_a_plus_c_equal_a(tiny_model):
+    head = randomize(MRPHead(tiny_model.config, HeadConfig(num_layers=1)), seed=1)
+    with torch.no_grad():
+        head.norm.weight.zero_()  # what reset_parameters does: the head starts at "no change"
+    tokens, hidden, positions = block_inputs(tiny_model)
+    with torch.no_grad():
+        accumulator = hidden
+        for _ in range(3):  # chained steps stay exact too
+            accumulator = head.advance(tiny_model, tokens, accumulator, positions)
+    assert torch.equal(accumulator, hidden)
+    assert torch.equal(tiny_model.logits(accumulator), tiny_model.logits(hidden))
+    assert MRPHead(tiny_model.config).norm.weight.abs().sum() == 0  # the default init
+
+
+def test_residual_logits_add_because_lm_head_has_no_bias(tiny_model):
+    head = randomize(MRPHead(tiny_model.config, HeadConfig(num_layers=1)), seed=2)
+    tokens, hidden, positions = block_inputs(tiny_model)
+    with torch.no_grad():
+        residual = head(tiny_model, tokens, hidden, positions)  # (B, L, H)
+        combined = tiny_model.logits(hidden + residual)
+        added = tiny_model.logits(hidden) + tiny_model.logits(residual)
+    diff = (combined - added).abs()
+    assert diff.max() < 1e-4, f"max {diff.max():.2e}, mean {diff.mean():.2e} (tolerance 1e-4)"
+    assert residual.abs().max() > 0.1
+
+
+def test_head_runs_on_zero_blocks(tiny_model):
+    head = MRPHead(tiny_model.config, HeadConfig(num_layers=1))
+    H = tiny_model.config.hidden_size
+    out = head(tiny_model, torch.zeros(0, L, dtype=torch.int64), torch.zeros(0, L, H),
+               torch.zeros(0, L, dtype=torch.int64))
+    assert out.shape == (0, L, H)
+
+
+def test_save_load_is_exact(tmp_path, tiny_model):
+    head = randomize(MRPHead(tiny_model.config, HeadConfig(num_layers=2, init_std=0.05)), seed=3)
+    save_head(head, tiny_model, tmp_path / "head")
+    loaded = load_head(tmp_path / "head", tiny_model)
+    assert loaded.config == head.config
+    assert not loaded.training
+    expected, actual = dict(head.named_parameters()), dict(loaded.named_parameters())
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    assert not any(part in name for name in actual for part in ("embed_tokens", "lm_head"))
+    tokens, hidden, positions = block_inputs(tiny_model)
+    with torch.no_grad():
+        assert torch.equal(head(tiny_model, tokens, hidden, positions),
+                           loaded(tiny_model, tokens, hidden, positions))
+
+
+def test_fingerprint_mismatch_lists_the_differences(tmp_path, tiny_model, make_model):
+    directory = tmp_path / "head"
+    save_head(MRPHead(tiny_model.config), tiny_model, directory)
+    with pytest.raises(CheckpointError, match="lm_head_sha256") as error:
+        load_head(directory, make_model(seed=5))
+    assert "another backbone" in str(error.value)
+    with pytest.raises(CheckpointError, match="block_size: head 4 vs backbone 8"):
+        load_head(directory, tiny_model, block_size=8)
+    with pytest.raises(CheckpointError, match="hidden_size"):
+        load_head(directory, make_model(hidden_size=48))
+
+
+def test_bad_head_directories(tmp_path, tiny_model):
+    with pytest.raises(CheckpointError, match="head directory not found"):
+        load_head(tmp_path / "nowhere", tiny_model)
+    directory = tmp_path / "head"
+    save_head(MRPHead(tiny_model.config), tiny_model, directory)
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="missing file"):
+        load_head(directory, tiny_model)
+    (directory / "config.json").write_text(json.dumps({"kind": "something else"}))
+    with pytest.raises(CheckpointError, match="not an MRP head config"):
+        load_head(directory, tiny_model)
+    (directory / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="missing file"):
+        load_head(directory, tiny_model)
