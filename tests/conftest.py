@@ -17,9 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mrp_dlm.config import BackboneConfig
+from mrp_dlm.cli import main
+from mrp_dlm.config import BackboneConfig, HeadConfig
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.head import MRPHead
+from mrp_dlm.model.head_loading import save_head
 from mrp_dlm.model.loading import save_backbone
+from mrp_dlm.training.tokenizer import save_tokenizer, train_tokenizer
 
 # Test modules import the slow reference decoder as `import reference`.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -82,3 +86,34 @@ def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
         pytest.skip(f"SDAR fixtures not found at {FIXTURES}")
     return FIXTURES
+
+
+def random_head(model: Backbone, seed: int, norm: float = 1.0, std: float = 0.5) -> MRPHead:
+    """A badly initialised head: N(0, std) matrices and norms near `norm` (the final one too,
+    which a fresh head has at zero), so it predicts large, wrong residuals."""
+    generator = torch.Generator().manual_seed(500 + seed)
+    head = MRPHead(model.config, HeadConfig(num_layers=1))
+    with torch.no_grad():
+        for param in head.parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(std * noise if param.dim() == 2 else norm * (1.0 + 0.1 * noise))
+    return head.eval()
+
+
+@pytest.fixture
+def saved_model_and_head(tmp_path):
+    texts = ["What is 7 + 5? 7 + 5 = 12\n#### 12", "Tom has 3 apples and buys 4 more.",
+             "def solve():\n    return 3 * 4"] * 4
+    tokenizer = train_tokenizer(texts, vocab_size=300)
+    vocab = tokenizer.get_vocab_size()
+    model = random_backbone(tiny_config(vocab_size=vocab, mask_token_id=3, stop_token_ids=(2,)))
+    save_backbone(model, tmp_path / "model")
+    save_tokenizer(tokenizer, tmp_path / "model")
+    save_head(random_head(model, 0, norm=0.3), model, tmp_path / "head")
+    return tmp_path / "model", tmp_path / "head"
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -21,16 +21,14 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import random_backbone, tiny_config
-from mrp_dlm.cli import main
+from conftest import random_backbone, random_head, run_cli, tiny_config
 from mrp_dlm.config import DecodeConfig, HeadConfig
 from mrp_dlm.decoding.driver import DecodeResult, generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head, save_head
-from mrp_dlm.model.loading import CheckpointError, save_backbone
-from mrp_dlm.training.tokenizer import save_tokenizer, train_tokenizer
+from mrp_dlm.model.loading import CheckpointError
 from reference import reference_generate
 from reference_mrp import reference_mrp_generate
 
@@ -50,18 +48,6 @@ def backbone(seed: int, block_size: int, damped: bool = False) -> Backbone:
             for layer in model.model.layers:
                 layer.self_attn.o_proj.weight.mul_(0.15)
     return model
-
-
-def random_head(model: Backbone, seed: int, norm: float = 1.0, std: float = 0.5) -> MRPHead:
-    """A badly initialised head: N(0, std) matrices and norms near `norm` (the final one too,
-    which a fresh head has at zero), so it predicts large, wrong residuals."""
-    generator = torch.Generator().manual_seed(500 + seed)
-    head = MRPHead(model.config, HeadConfig(num_layers=1))
-    with torch.no_grad():
-        for param in head.parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(std * noise if param.dim() == 2 else norm * (1.0 + 0.1 * noise))
-    return head.eval()
 
 
 def zero_head(model: Backbone) -> MRPHead:
@@ -403,25 +389,6 @@ def test_head_on_another_backbone_fails(tmp_path):
 
 
 # --- CLI ------------------------------------------------------------------------------------
-
-@pytest.fixture
-def saved_model_and_head(tmp_path):
-    texts = ["What is 7 + 5? 7 + 5 = 12\n#### 12", "Tom has 3 apples and buys 4 more.",
-             "def solve():\n    return 3 * 4"] * 4
-    tokenizer = train_tokenizer(texts, vocab_size=300)
-    vocab = tokenizer.get_vocab_size()
-    model = random_backbone(tiny_config(vocab_size=vocab, mask_token_id=3, stop_token_ids=(2,)))
-    save_backbone(model, tmp_path / "model")
-    save_tokenizer(tokenizer, tmp_path / "model")
-    save_head(random_head(model, 0, norm=0.3), model, tmp_path / "head")
-    return tmp_path / "model", tmp_path / "head"
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
 
 def test_cli_generate_speculative_json(saved_model_and_head, capsys):
     model_dir, head_dir = saved_model_and_head
