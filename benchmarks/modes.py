@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from decode import git_commit, hardware  # noqa: E402  (benchmarks/decode.py)
-from mrp_dlm.config import DecodeConfig  # noqa: E402
+from mrp_dlm.config import MRP_MODES, DecodeConfig  # noqa: E402
 from mrp_dlm.eval.runner import EvalResult, evaluate  # noqa: E402
 from mrp_dlm.eval.tasks.common import TASK_NAMES, get_task  # noqa: E402
 from mrp_dlm.pipeline import GenerateOutput, Pipeline, embedded_head_dir, embedded_model_dir  # noqa: E402
@@ -50,6 +50,7 @@ MODES = {  # row name -> decode knobs (max_new_tokens is added from the flag)
     "dynamic t=0.9": dict(mode="dynamic", threshold=0.9),
     "dynamic t=0.7": dict(mode="dynamic", threshold=0.7),
     "dynamic t=0.5": dict(mode="dynamic", threshold=0.5),
+    "dynamic t=0.3": dict(mode="dynamic", threshold=0.3),
     "direct K=1": dict(mode="direct", lookahead=1),
     "direct K=2": dict(mode="direct", lookahead=2),
     "speculative K=2": dict(mode="speculative", lookahead=2),
@@ -84,13 +85,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--tasks", default=",".join(TASK_NAMES), help="comma-separated task names")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated row names to run (static is always run)")
     return parser.parse_args()
 
 
-def resolve_dirs(model: str | None, head: str | None) -> tuple[Path, Path]:
+def resolve_dirs(model: str | None, head: str | None,
+                 need_head: bool) -> tuple[Path, Path | None]:
     model_dir = Path(model) if model else embedded_model_dir()
     if head:
         head_dir = Path(head)
+    elif not need_head:
+        head_dir = None
     elif model is None:
         head_dir = embedded_head_dir()
     else:
@@ -98,7 +104,7 @@ def resolve_dirs(model: str | None, head: str | None) -> tuple[Path, Path]:
                  "trained on that model)")
     for kind, path, flag, given in (("model", model_dir, "--model", model),
                                     ("head", head_dir, "--head", head)):
-        if not (path / "config.json").is_file():
+        if path is not None and not (path / "config.json").is_file():
             where = f"the {kind}" if given else f"the embedded {kind}"
             sys.exit(f"benchmarks/modes.py: {where} is missing: no config.json in {path}. "
                      f"Build it first, or pass {flag} DIR.")
@@ -160,11 +166,17 @@ def main() -> None:
         sys.exit("benchmarks/modes.py: --limit and --batch-size must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model_dir, head_dir = resolve_dirs(args.model, args.head)
+    chosen = ["static"] + [name.strip() for name in args.modes.split(",")
+                           if name.strip() and name.strip() != "static"]
+    unknown = [name for name in chosen if name not in MODES]
+    if unknown:
+        sys.exit(f"benchmarks/modes.py: unknown mode row(s) {unknown}; choose from {list(MODES)}")
+    configs = {name: DecodeConfig(max_new_tokens=args.max_new_tokens, **MODES[name])
+               for name in chosen}
+    need_head = any(config.mode in MRP_MODES for config in configs.values())
+    model_dir, head_dir = resolve_dirs(args.model, args.head, need_head)
     pipe = RecordingPipeline.load(model_dir, args.dtype, args.device, head=head_dir)
     tasks = [get_task(name.strip()) for name in args.tasks.split(",") if name.strip()]
-    configs = {name: DecodeConfig(max_new_tokens=args.max_new_tokens, **knobs)
-               for name, knobs in MODES.items()}
 
     # Warm-up, excluded: every config on a few problems (allocator, caches, lazy imports).
     warm = tasks[0].examples("test", min(WARMUP_PROBLEMS, args.limit))
@@ -203,7 +215,7 @@ def main() -> None:
                                batch_size=args.batch_size, tasks=[t.name for t in tasks],
                                max_new_tokens=args.max_new_tokens, dtype=args.dtype,
                                warmup_problems=WARMUP_PROBLEMS,
-                               modes={name: knobs for name, knobs in MODES.items()}),
+                               modes={name: MODES[name] for name in configs}),
                    commit=git_commit(), hardware=hardware(args.device),
                    peak_memory_bytes=peak_memory(args.device), results=rows)
     print(json.dumps(summary))
