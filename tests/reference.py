@@ -144,8 +144,10 @@ def denoise_block(model: Backbone, sequence: list[int], start: int, config: Deco
     return step
 
 
-def reference_generate(model: Backbone, prompt: list[int], config: DecodeConfig) -> list[int]:
-    """Generated ids for one prompt, trimmed after the first stop id (kept)."""
+def run_blocks(model: Backbone, prompt: list[int], config: DecodeConfig, decode_block) -> list[int]:
+    """The block loop shared by the reference decoders: pad each block with masks, let
+    `decode_block(sequence, start, block_size, steps, mask_id)` reveal it, stop after a
+    block that generated a stop id; return the generated ids trimmed after the first stop."""
     block_size = config.block_size or model.config.block_size
     steps = config.steps or block_size
     mask_id = model.config.mask_token_id
@@ -155,7 +157,7 @@ def reference_generate(model: Backbone, prompt: list[int], config: DecodeConfig)
     start = n // block_size * block_size
     while start < n + config.max_new_tokens:
         sequence += [mask_id] * (start + block_size - len(sequence))
-        denoise_block(model, sequence, start, config, block_size, steps, mask_id)
+        decode_block(sequence, start, block_size, steps, mask_id)
         if any(t in stops for t in sequence[max(start, n):start + block_size]):
             break
         start += block_size
@@ -164,3 +166,10 @@ def reference_generate(model: Backbone, prompt: list[int], config: DecodeConfig)
         if token in stops:
             return generated[:index + 1]
     return generated
+
+
+def reference_generate(model: Backbone, prompt: list[int], config: DecodeConfig) -> list[int]:
+    """Generated ids for one prompt, trimmed after the first stop id (kept)."""
+    return run_blocks(model, prompt, config,
+                      lambda sequence, start, block_size, steps, mask_id:
+                      denoise_block(model, sequence, start, config, block_size, steps, mask_id))

@@ -37,7 +37,7 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
-from reference import by_score, choose, dense_block_causal_mask, even_quotas
+from reference import by_score, choose, dense_block_causal_mask, even_quotas, run_blocks
 
 GREEDY = DecodeConfig()  # temperature 0: `choose` takes the argmax
 
@@ -201,26 +201,12 @@ BLOCK_DECODERS = {"direct": direct_block, "speculative": speculative_block,
 def reference_mrp_generate(model: Backbone, head: MRPHead, prompt: list[int],
                            config: DecodeConfig) -> Trace:
     """Decode one prompt with the MRP mode named by config.mode; see the module docstring."""
-    block_size = config.block_size or model.config.block_size
-    steps = config.steps or block_size
-    mask_id = model.config.mask_token_id
-    stops = model.config.stop_token_ids if config.stop_token_ids is None else config.stop_token_ids
     decode_block = BLOCK_DECODERS[config.mode]
     trace = Trace(histogram=[0] * (config.lookahead + 1) if config.mode == "speculative" else [])
-    n = len(prompt)
-    sequence = list(prompt)
-    start = n // block_size * block_size
-    while start < n + config.max_new_tokens:
-        sequence += [mask_id] * (start + block_size - len(sequence))
+
+    def one_block(sequence, start, block_size, steps, mask_id):
         decode_block(model, head, sequence, start, config, block_size, steps, mask_id, trace)
         trace.blocks += 1
-        if any(t in stops for t in sequence[max(start, n):start + block_size]):
-            break
-        start += block_size
-    generated = sequence[n:n + config.max_new_tokens]
-    for index, token in enumerate(generated):
-        if token in stops:
-            generated = generated[:index + 1]
-            break
-    trace.token_ids = generated
+
+    trace.token_ids = run_blocks(model, prompt, config, one_block)
     return trace

@@ -1,0 +1,51 @@
+"""The model (and MRP head) shipped inside the package: loads, solves problems, and the
+speculative mode reproduces static decoding on held-out prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.eval.runner import evaluate
+from mrp_dlm.eval.tasks.common import get_task
+from mrp_dlm.pipeline import Pipeline, embedded_head_dir, embedded_model_dir
+
+MAX_NEW = 128
+EXACTNESS_PROMPTS = 100  # per task: 200 held-out prompts in all
+
+
+@pytest.fixture(scope="module")
+def pipe() -> Pipeline:
+    if not (embedded_model_dir() / "config.json").is_file():
+        pytest.fail(f"the embedded model is missing from {embedded_model_dir()}")
+    return Pipeline.load()
+
+
+def test_embedded_model_config(pipe):
+    config = pipe.model.config
+    assert config.block_size == 16 and config.num_layers >= 8
+    assert pipe.tokenizer.token_id("<|MASK|>") == config.mask_token_id
+    assert pipe.tokenizer.token_id("<|im_end|>") in config.stop_token_ids
+    assert pipe.tokenizer.chat_template is not None
+
+
+@pytest.mark.parametrize("name", ["arith", "arith-code"])
+def test_embedded_model_solves_problems(pipe, name):
+    task = get_task(name)
+    result = evaluate(pipe, task, task.examples("test", 20), DecodeConfig(max_new_tokens=MAX_NEW),
+                      batch_size=20)
+    assert result.accuracy >= MIN_ACCURACY[name], result.summary()
+
+
+def test_speculative_equals_static_on_held_out_prompts(pipe):
+    if pipe.head is None:
+        pytest.fail(f"the embedded head is missing from {embedded_head_dir()}")
+    prompts = [e.problem for name in ("arith", "arith-code")
+               for e in get_task(name).examples("test", EXACTNESS_PROMPTS)]
+    static = pipe.generate(prompts, DecodeConfig(mode="static", max_new_tokens=MAX_NEW), chat=True)
+    for lookahead in (1, 3):
+        config = DecodeConfig(mode="speculative", lookahead=lookahead, max_new_tokens=MAX_NEW)
+        spec = pipe.generate(prompts, config, chat=True)
+        differ = [i for i, (a, b) in enumerate(zip(static.token_ids, spec.token_ids)) if a != b]
+        assert not differ, f"K={lookahead}: {len(differ)} of {len(prompts)} prompts differ: {differ[:10]}"
+        assert spec.stats.mean_accepted > 0
