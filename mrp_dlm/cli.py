@@ -81,7 +81,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"mrp demo: {pipe.directory}, {args.problems} held-out problems per task")
     report = run_demo(pipe, args.problems)
     rows = report.rows()
-    print(format_table(rows, ["task", "mode", "threshold", "accuracy", "tokens_per_forward",
+    print(format_table(rows, ["task", "mode", "setting", "accuracy", "tokens_per_forward",
                               "tokens_per_second", "backbone_forwards"]))
     for result in report.results[:: max(len(report.results) // 2, 1)][:2]:
         sample = result.samples[0]

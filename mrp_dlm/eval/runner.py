@@ -33,8 +33,17 @@ class EvalResult:
     def accuracy(self) -> float:
         return sum(s.correct for s in self.samples) / max(len(self.samples), 1)
 
+    @property
+    def setting(self) -> str:
+        """The knob that distinguishes this run's mode: threshold or lookahead."""
+        if self.config.mode in ("dynamic", "remask"):
+            return f"threshold={self.config.threshold}"
+        if self.config.mode in ("direct", "speculative"):
+            return f"lookahead={self.config.lookahead}"
+        return ""
+
     def summary(self) -> dict:
-        return {"task": self.task, "mode": self.config.mode, "threshold": self.config.threshold,
+        return {"task": self.task, "mode": self.config.mode, "setting": self.setting,
                 "n": len(self.samples), "accuracy": round(self.accuracy, 4),
                 **self.stats.to_dict()}
 
