@@ -98,9 +98,7 @@ class DecodeConfig:
         if self.mode == "speculative" and self.temperature > 0:
             raise ValueError("speculative decoding reproduces greedy static decoding; "
                              "it cannot sample (use temperature 0)")
-        if self.mode == "speculative" and self.steps is not None and self.block_size != self.steps:
-            raise ValueError("speculative decoding verifies the one-token-per-step static "
-                             "decode; leave steps unset (it equals block_size)")
+
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.steps is not None and self.steps < 1:
@@ -126,6 +124,9 @@ class DecodeConfig:
         steps = self.steps or block_size
         if steps > block_size:
             raise ValueError(f"steps ({steps}) cannot exceed block_size ({block_size})")
+        if self.mode == "speculative" and steps != block_size:
+            raise ValueError("speculative decoding verifies the one-token-per-step static "
+                             f"decode; steps must equal block_size ({block_size}) or be unset")
         stops = model.stop_token_ids if self.stop_token_ids is None else self.stop_token_ids
         for token in stops:
             if not 0 <= token < model.vocab_size:

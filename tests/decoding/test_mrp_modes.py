@@ -356,7 +356,6 @@ def test_mrp_mode_without_head(mode):
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(mode="speculative", temperature=0.5), r"cannot sample"),
-    (dict(mode="speculative", block_size=4, steps=2), r"leave steps unset"),
     (dict(mode="direct", lookahead=0), r"lookahead must be >= 1, got 0"),
     (dict(mode="speculative", lookahead=-1), r"lookahead must be >= 1, got -1"),
     (dict(mode="remask", remask_rule="entropy"), r"unknown remask_rule 'entropy'"),
@@ -368,7 +367,15 @@ def test_bad_mrp_config(kwargs, message):
 
 
 def test_speculative_steps_equal_to_block_size_is_allowed():
-    assert DecodeConfig(mode="speculative", block_size=4, steps=4).steps == 4
+    model = backbone(0, 4)  # block size 4 from the model, as when --block-size is not given
+    assert DecodeConfig(mode="speculative", steps=4).resolve(model.config).steps == 4
+    assert DecodeConfig(mode="speculative", block_size=4, steps=4).resolve(model.config).steps == 4
+
+
+@pytest.mark.parametrize("kwargs", [dict(block_size=4, steps=2), dict(steps=2)])
+def test_speculative_needs_one_token_per_step(kwargs):
+    with pytest.raises(ValueError, match=r"steps must equal block_size \(4\) or be unset"):
+        DecodeConfig(mode="speculative", **kwargs).resolve(backbone(0, 4).config)
 
 
 def test_head_on_another_backbone_fails(tmp_path):
