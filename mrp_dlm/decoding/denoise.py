@@ -49,7 +49,7 @@ class DenoiseDecoder:
     def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
         schedule = context.schedule
         for step in range(schedule.block_size):
-            eligible = (block == schedule.mask_token_id) & context.active[:, None]  # (B, L)
+            eligible = context.eligible(block)  # (B, L)
             if not bool(eligible.any()):  # the one small host check per step
                 return block
             proposal = propose(context.denoise(block).logits, schedule.mask_token_id, self.sampling,

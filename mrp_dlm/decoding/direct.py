@@ -38,7 +38,7 @@ class DirectDecoder:
     def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
         schedule, K = context.schedule, self.config.lookahead
         for step in range(schedule.block_size):
-            eligible = (block == schedule.mask_token_id) & context.active[:, None]  # (B, L)
+            eligible = context.eligible(block)  # (B, L)
             if not bool(eligible.any()):
                 return block
             base = context.denoise(block)

@@ -101,6 +101,10 @@ class BlockContext:
         positions = self.positions.repeat(1, copies)  # (B, M*L)
         return self.model(blocks, positions, mask, self.cache, self.start)
 
+    def eligible(self, block: torch.Tensor) -> torch.Tensor:
+        """(B, L) masked positions of the rows still generating: what a step may reveal."""
+        return (block == self.schedule.mask_token_id) & self.active[:, None]
+
     def denoise(self, block: torch.Tensor) -> BackboneStep:
         """The backbone on one block state (B, L); counted as a denoise forward."""
         self.counters.stats.denoise_forwards += 1

@@ -51,7 +51,7 @@ class RemaskDecoder:
     def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
         schedule = context.schedule
         for step in range(schedule.block_size):
-            eligible = (block == schedule.mask_token_id) & context.active[:, None]  # (B, L)
+            eligible = context.eligible(block)  # (B, L)
             if not bool(eligible.any()):
                 return block
             base = context.denoise(block)

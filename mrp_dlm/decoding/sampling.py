@@ -70,13 +70,20 @@ def truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return probs
 
 
-def propose(logits: torch.Tensor, mask_token_id: int, sampling: SamplingConfig,
-            positions: torch.Tensor, step: int, with_entropy: bool = False) -> Proposal:
-    """Token and confidence for every position of logits (B, L, V) float32."""
+def full_distribution(logits: torch.Tensor, mask_token_id: int,
+                      sampling: SamplingConfig) -> torch.Tensor:
+    """The tempered distribution (B, L, V) confidence is measured on: mask excluded, no
+    truncation; greedy measures at temperature 1."""
     logits = logits.float().clone()
     logits[..., mask_token_id] = float("-inf")
     temperature = sampling.temperature if sampling.temperature > 0 else 1.0
-    probs = torch.softmax(logits / temperature, dim=-1)  # (B, L, V)
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def propose(logits: torch.Tensor, mask_token_id: int, sampling: SamplingConfig,
+            positions: torch.Tensor, step: int, with_entropy: bool = False) -> Proposal:
+    """Token and confidence for every position of logits (B, L, V) float32."""
+    probs = full_distribution(logits, mask_token_id, sampling)  # (B, L, V)
     if sampling.temperature == 0:
         confidence, tokens = probs.max(dim=-1)  # (B, L)
     else:
@@ -94,8 +101,5 @@ def propose(logits: torch.Tensor, mask_token_id: int, sampling: SamplingConfig,
 def token_confidence(logits: torch.Tensor, tokens: torch.Tensor, mask_token_id: int,
                      sampling: SamplingConfig) -> torch.Tensor:
     """Probability (B, L) of given tokens (B, L) under logits (B, L, V), as `propose` scores."""
-    logits = logits.float().clone()
-    logits[..., mask_token_id] = float("-inf")
-    temperature = sampling.temperature if sampling.temperature > 0 else 1.0
-    probs = torch.softmax(logits / temperature, dim=-1)  # (B, L, V)
+    probs = full_distribution(logits, mask_token_id, sampling)  # (B, L, V)
     return probs.gather(-1, tokens[..., None])[..., 0]

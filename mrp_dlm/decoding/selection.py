@@ -56,6 +56,14 @@ def select_entropy_bounded(entropy: torch.Tensor, eligible: torch.Tensor,
     return torch.zeros_like(eligible).scatter(1, order, keep_sorted)
 
 
+def keep_at_least_one(commit: torch.Tensor, keep: torch.Tensor,
+                      scores: torch.Tensor) -> torch.Tensor:
+    """keep (B, L), except that a row which committed something but keeps nothing keeps
+    its best-scoring commit (the progress guarantee of the remask rules)."""
+    emptied = commit.any(dim=1, keepdim=True) & ~keep.any(dim=1, keepdim=True)  # (B, 1)
+    return torch.where(emptied, select_static(scores, commit, 1), keep)
+
+
 def revoke_unconfident(commit: torch.Tensor, confident: torch.Tensor, rescored: torch.Tensor,
                        threshold: float) -> torch.Tensor:
     """Remask (paper rule): drop reveals that were above threshold and no longer are.
@@ -65,8 +73,7 @@ def revoke_unconfident(commit: torch.Tensor, confident: torch.Tensor, rescored: 
     (B, L) their confidence under A + C. A row keeps at least its best rescored reveal.
     """
     keep = commit & ~(confident & (rescored <= threshold))  # (B, L)
-    emptied = commit.any(dim=1, keepdim=True) & ~keep.any(dim=1, keepdim=True)  # (B, 1)
-    return torch.where(emptied, select_static(rescored, commit, 1), keep)
+    return keep_at_least_one(commit, keep, rescored)
 
 
 def veto_large_residual(commit: torch.Tensor, residual_size: torch.Tensor,
@@ -77,5 +84,4 @@ def veto_large_residual(commit: torch.Tensor, residual_size: torch.Tensor,
     with the smallest residual.
     """
     keep = commit & (residual_size <= delta)  # (B, L)
-    emptied = commit.any(dim=1, keepdim=True) & ~keep.any(dim=1, keepdim=True)  # (B, 1)
-    return torch.where(emptied, select_static(-residual_size, commit, 1), keep)
+    return keep_at_least_one(commit, keep, -residual_size)

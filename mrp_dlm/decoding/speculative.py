@@ -86,7 +86,7 @@ class SpeculativeDecoder:
         B, L = block.shape
         seed = context.denoise(block)
         for _ in range(L):
-            eligible = (block == context.schedule.mask_token_id) & context.active[:, None]
+            eligible = context.eligible(block)  # (B, L)
             if not bool(eligible.any()):
                 break
             drafts = self.draft(context, block, seed, eligible)
