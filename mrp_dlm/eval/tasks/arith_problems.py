@@ -18,11 +18,11 @@ from dataclasses import dataclass
 # Difficulty knobs.
 MIN_STEPS = 2  # fewest equations in a solution
 MAX_STEPS = 4  # most equations in a solution
-START_RANGE = (2, 30)  # inclusive range of the starting count
+START_RANGE = (2, 20)  # inclusive range of the starting count
 MIN_TERM = 2  # smallest number added or subtracted (keeps nouns plural: never "1 apples")
-MAX_TERM = 30  # largest number added or subtracted in one step
-MAX_FACTOR = 12  # largest operand of a multiplication
-RESULT_LIMIT = 1000  # every intermediate result stays below this
+MAX_TERM = 20  # largest number added or subtracted in one step
+MAX_FACTOR = 9  # largest operand of a multiplication
+RESULT_LIMIT = 100  # every intermediate result stays below this
 # Relative frequency of each kind of operation (group kinds need two equations).
 OPERATION_WEIGHTS = {"add": 3, "sub": 3, "mul": 1, "group_add": 2, "group_sub": 2}
 
