@@ -1,8 +1,8 @@
 """The reference strategies: static, dynamic, sequential and entropy-bounded denoising.
 
 One block loop, propose -> select -> commit, that differs between strategies only in the
-commit rule. Each step costs one backbone forward; a block costs its steps plus the
-driver's store forward.
+commit rule. Each step costs one backbone forward (the driver stores the block
+with the next block's first step).
 
 Shapes: B batch, L block size, V vocab.
 """

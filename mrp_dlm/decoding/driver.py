@@ -4,6 +4,12 @@ Every decoding mode runs through `generate`; a mode differs only in its `BlockDe
 which turns one block of masks into tokens. Prefill, the store forward, stop handling and
 stats therefore exist once.
 
+Store fused with the next block's first step: a finished block's keys and values are
+written by the same forward that runs the next block's first denoise step (the finished
+block sees the prefix and itself, exactly as a store forward; the next block sees the
+prefix, the finished block and itself, exactly as a denoise forward). A block after the
+first thus costs its denoise/verify steps only, and the last block is never stored.
+
 Layout: rows are left-padded by whole blocks so that every row's current block occupies
 the same cache slots; a row's positions count from its own first token, so each row gets
 exactly the tokens it would get alone. A prompt's trailing partial block becomes the
@@ -27,7 +33,7 @@ from mrp_dlm.config import BlockSchedule, DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.cache import KVCache
-from mrp_dlm.model.masks import block_causal_mask, copies_mask
+from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class BlockContext:
     key_valid: torch.Tensor  # (B, S) False on padding slots
     active: torch.Tensor  # (B,) bool, rows still generating
     counters: Counters
+    pending: BackboneStep | None = None  # the block's first step, computed with the last store
 
     def forward(self, blocks: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, M*L, H) of M candidate copies of the block in one forward.
@@ -106,7 +113,14 @@ class BlockContext:
         return (block == self.schedule.mask_token_id) & self.active[:, None]
 
     def denoise(self, block: torch.Tensor) -> BackboneStep:
-        """The backbone on one block state (B, L); counted as a denoise forward."""
+        """The backbone on one block state (B, L); counted as a denoise forward.
+
+        A decoder's first call gets the step the driver already ran on the block's initial
+        state together with the previous block's store (see `store_and_denoise`).
+        """
+        if self.pending is not None:
+            step, self.pending = self.pending, None
+            return step
         self.counters.stats.denoise_forwards += 1
         self.counters.row_forwards[1] += self.active.sum()
         hidden = self.forward(block)  # (B, L, H)
@@ -119,10 +133,21 @@ class BlockContext:
         hidden = self.forward(states)  # (B, M*L, H)
         return BackboneStep(hidden, self.model.logits(hidden))
 
-    def store(self, block: torch.Tensor) -> None:
-        """Write the finished block's keys and values to its slots."""
+    def store_and_denoise(self, finished: torch.Tensor, block: torch.Tensor) -> None:
+        """One forward: store `finished` (B, L), the block before this one, and denoise `block`.
+
+        The step on `block` (its initial state) becomes the result of the first `denoise`.
+        Counted as one denoise forward that also stores.
+        """
+        L = self.schedule.block_size
+        self.counters.stats.denoise_forwards += 1
         self.counters.stats.store_forwards += 1
-        self.forward(block)
+        self.counters.row_forwards += self.active.sum()
+        mask = store_and_next_mask(self.key_valid, self.start - L, L)  # (B, 2L, start + L)
+        positions = torch.cat((self.positions - L, self.positions), dim=1)  # (B, 2L)
+        both = torch.cat((finished, block), dim=1)  # (B, 2L)
+        hidden = self.model(both, positions, mask, self.cache, self.start - L)[:, L:]  # (B, L, H)
+        self.pending = BackboneStep(hidden, self.model.logits(hidden))
 
 
 class BlockDecoder(Protocol):
@@ -212,15 +237,18 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     end_slots = prompt_ends + config.max_new_tokens  # (B,)
     stop_ids = torch.tensor(schedule.stop_token_ids, dtype=torch.long, device=device)
     active = torch.ones(len(prompts), dtype=torch.bool, device=device)
+    finished = None  # the previous block, stored by the next block's first forward
     for index in range(layout.num_blocks):
         start = layout.prefix_slots + index * L
         context = BlockContext(model, cache, schedule, start, positions[:, start:start + L],
                                key_valid, active, counters)
-        block = decoder.decode_block(context, tokens[:, start:start + L].clone())
-        tokens[:, start:start + L] = block
-        context.store(block)
+        block = tokens[:, start:start + L].clone()  # (B, L)
+        if finished is not None:
+            context.store_and_denoise(finished, block)
+        finished = decoder.decode_block(context, block)
+        tokens[:, start:start + L] = finished
         generated = torch.arange(start, start + L, device=device)[None] >= prompt_ends[:, None]
-        active = active & ~finished_rows(block, generated, end_slots, start + L, stop_ids)
+        active = active & ~finished_rows(finished, generated, end_slots, start + L, stop_ids)
         if not bool(active.any()):  # the one host sync per block
             break
     return finish(tokens, layout, config, schedule, counters, began)

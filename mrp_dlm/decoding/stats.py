@@ -12,7 +12,7 @@ class DecodeStats:
     prefill_forwards: int = 0  # backbone forwards over the prompts' full blocks
     denoise_forwards: int = 0  # backbone forwards on one block state (a speculative seed too)
     verify_forwards: int = 0  # backbone forwards checking M candidate block states at once
-    store_forwards: int = 0  # backbone forwards writing a finished block's keys and values
+    store_forwards: int = 0  # denoise forwards that also wrote the previous block's keys/values
     head_forwards: int = 0  # MRP head forwards (each with one lm_head projection)
     tokens: int = 0  # generated tokens returned, summed over rows, after stop trimming
     committed: int = 0  # positions revealed by the decoder, summed over rows
@@ -25,12 +25,11 @@ class DecodeStats:
 
     @property
     def backbone_forwards(self) -> int:
-        return (self.prefill_forwards + self.denoise_forwards + self.verify_forwards
-                + self.store_forwards)
+        return self.prefill_forwards + self.denoise_forwards + self.verify_forwards
 
     @property
     def tokens_per_forward(self) -> float:
-        """Tokens per backbone forward of a row, end to end (prefill and store included).
+        """Tokens per backbone forward of a row, end to end (prefill included).
 
         Counted per row, so a batch reports what each of its rows got (batch 1: exact).
         """

@@ -35,3 +35,17 @@ def copies_mask(key_valid: torch.Tensor, start: int, block_size: int, copies: in
     copy_id = torch.arange(T, device=key_valid.device) // block_size  # (T,)
     own = (copy_id[:, None] == copy_id[None, :])[None].expand(key_valid.shape[0], -1, -1)  # (B, T, T)
     return torch.cat((prefix, own), dim=2)  # (B, T, start + T)
+
+
+def store_and_next_mask(key_valid: torch.Tensor, start: int, block_size: int) -> torch.Tensor:
+    """Mask (B, 2L, start + 2L) for a finished block at `start` and the next block after it.
+
+    The finished block sees the valid cached prefix [0, start) and itself (a store); the
+    next block sees the prefix, the finished block and itself (its first denoise step).
+    key_valid: (B, >= start) bool, True for non-padding slots.
+    """
+    T = 2 * block_size
+    prefix = key_valid[:, :start, None].transpose(1, 2).expand(-1, T, -1)  # (B, 2L, start)
+    block_id = torch.arange(T, device=key_valid.device) // block_size  # (2L,)
+    causal = (block_id[None, :] <= block_id[:, None])[None].expand(key_valid.shape[0], -1, -1)  # (B, 2L, 2L)
+    return torch.cat((prefix, causal), dim=2)  # (B, 2L, start + 2L)

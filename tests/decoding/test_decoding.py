@@ -122,9 +122,10 @@ def test_stop_inside_a_block(tiny_model, mode, block_size):
     expected = reference_generate(tiny_model, prompt, config)
     assert expected == unstopped[:index + 1]
     assert result.token_ids[0] == expected
-    # Generation ended with the block that holds the stop: no later block was decoded.
+    # Generation ended with the block that holds the stop: no later block was decoded, and
+    # every block but the last was stored (by the next block's first forward).
     blocks_used = (offset + index) // block_size + 1
-    assert result.stats.store_forwards == blocks_used
+    assert result.stats.store_forwards == blocks_used - 1
 
 
 def test_stop_id_in_the_prompt_tail_does_not_end_generation(tiny_model):
@@ -180,11 +181,11 @@ def test_static_stats_counts(tiny_model, block_size, steps, length):
     # Every block but a first one holding prompt tokens needs exactly `steps` forwards.
     expected_denoise = steps_needed(block_size - offset, quotas) + (blocks - 1) * steps
     assert stats.prefill_forwards == (1 if length >= block_size else 0)
-    assert stats.store_forwards == blocks
+    assert stats.store_forwards == blocks - 1  # fused with the next block's first step
     assert stats.denoise_forwards == expected_denoise
     assert stats.committed == blocks * block_size - offset
     assert stats.tokens == len(result.token_ids[0]) == max_new
-    assert stats.backbone_forwards == stats.prefill_forwards + expected_denoise + blocks
+    assert stats.backbone_forwards == stats.prefill_forwards + expected_denoise
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "entropy", "sequential"])
@@ -196,7 +197,7 @@ def test_other_strategies_stats_are_consistent(tiny_model, mode):
     stats = result.stats
     row_blocks = [-(-(n % L + max_new) // L) for n in lengths]  # [4, 5]
     assert stats.prefill_forwards == 1
-    assert stats.store_forwards == max(row_blocks)
+    assert stats.store_forwards == max(row_blocks) - 1
     # A row stops committing once its budget is used up; every mask of its blocks is revealed.
     assert stats.committed == sum(b * L - n % L for b, n in zip(row_blocks, lengths))
     assert stats.tokens == sum(len(row) for row in result.token_ids) == max_new * len(lengths)

@@ -162,8 +162,9 @@ def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped):
     for index, (row, solo) in enumerate(zip(batch.token_ids, solos)):
         assert row == solo.token_ids[0], f"row {index}: batch {row} != solo {solo.token_ids[0]}"
         assert row == static.token_ids[index]
-        # Batch 1: one seed forward per block (the rest are verify forwards), store per block.
-        assert solo.stats.denoise_forwards == solo.stats.store_forwards
+        # Batch 1: one seed forward per block (the rest are verify forwards); every block's
+        # seed but the first also stored the block before it.
+        assert solo.stats.denoise_forwards == solo.stats.store_forwards + 1
         assert solo.stats.rounds == solo.stats.verify_forwards
     stats = batch.stats
     summed = [sum(s.stats.accept_histogram[i] for s in solos) for i in range(lookahead + 1)]
@@ -230,7 +231,7 @@ def check_reference(model, head, config, lengths=(8, 6)):
         assert result.token_ids[0] == trace.token_ids, (
             f"fast {result.token_ids[0]}\n != reference {trace.token_ids}\n ({config})")
         stats = result.stats
-        assert stats.store_forwards == trace.blocks
+        assert stats.store_forwards == trace.blocks - 1
         assert stats.head_forwards == trace.head_calls
         if config.mode == "speculative":
             assert stats.denoise_forwards == trace.blocks  # one seed per block, no more
@@ -301,9 +302,9 @@ def test_stats_definitions(mode):
     blocks = -(-(9 % 4 + 13) // 4)
     assert stats.tokens == len(result.token_ids[0]) == 13
     assert stats.committed == blocks * 4 - 9 % 4
-    assert stats.prefill_forwards == 1 and stats.store_forwards == blocks
+    assert stats.prefill_forwards == 1 and stats.store_forwards == blocks - 1
     assert stats.backbone_forwards == (stats.prefill_forwards + stats.denoise_forwards
-                                       + stats.verify_forwards + stats.store_forwards)
+                                       + stats.verify_forwards)
     # Batch 1: row counts are the batched counts.
     assert stats.row_forwards == stats.backbone_forwards
     assert stats.row_denoise_forwards == stats.denoise_forwards + stats.verify_forwards
