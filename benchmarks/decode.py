@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from mrp_dlm.decoding.denoise import DenoiseDecoder, sampling_of  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.sampling import propose  # noqa: E402
 from mrp_dlm.decoding.selection import select_static  # noqa: E402
+from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
 from mrp_dlm.model.backbone import Backbone  # noqa: E402
 from mrp_dlm.model.masks import block_causal_mask  # noqa: E402
 from reference import reference_generate  # noqa: E402  (tests/reference.py)
@@ -245,31 +245,6 @@ def bench_memory(checkpoint_gb: float, shard_mb: int) -> dict:
                 peak_increase=increase, ratio=round(increase / size, 3),
                 anon_peak_increase=anon_increase, anon_ratio=round(anon_increase / size, 3),
                 load_seconds=round(measured["seconds"], 2))
-
-
-def git_commit() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
-                               text=True).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def hardware(device: str) -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    info = dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                torch=torch.__version__, python=platform.python_version(), device=device)
-    if device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name(device)
-    return info
 
 
 def main() -> None:

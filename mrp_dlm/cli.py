@@ -6,9 +6,14 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig, HeadTrainConfig, TrainConfig
+from mrp_dlm.eval.bench import BENCH_BATCH_SIZE
 from mrp_dlm.eval.demo import DEMO_PROBLEMS
+from mrp_dlm.eval.grid import DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
+from mrp_dlm.eval.runner import EVAL_BATCH_SIZE
+from mrp_dlm.eval.tasks.common import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
 from mrp_dlm.model.loading import DTYPES
 
@@ -26,12 +31,16 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "(default: the embedded head with the embedded model)")
 
 
-def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
+def load_pipeline(args: argparse.Namespace, block_size: int | None):
     from mrp_dlm.pipeline import Pipeline
 
+    return Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id, block_size,
+                         args.head)
+
+
+def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
     config = build_dataclass(DecodeConfig, args, decode_fields)
-    pipe = Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id,
-                         config.block_size, args.head)
+    pipe = load_pipeline(args, config.block_size)
     out = pipe.generate([args.prompt], config, chat=args.chat)
     stats = out.stats
     if args.json:
@@ -73,22 +82,112 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from mrp_dlm.eval.demo import run_demo
-    from mrp_dlm.pipeline import Pipeline
 
     if args.problems < 1:
         raise ValueError(f"--problems must be >= 1, got {args.problems}")
-    pipe = Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id, None, args.head)
+    pipe = load_pipeline(args, None)
     print(f"mrp demo: {pipe.directory}, {args.problems} held-out problems per task")
     report = run_demo(pipe, args.problems)
-    rows = report.rows()
-    print(format_table(rows, ["task", "mode", "setting", "accuracy", "tokens_per_forward",
-                              "tokens_per_second", "backbone_forwards"]))
+    print(format_table(report.rows, ["task", "mode", "setting", "accuracy", "tokens_per_forward",
+                                     "tokens_per_second", "backbone_forwards"]))
     for result in report.results[:: max(len(report.results) // 2, 1)][:2]:
         sample = result.samples[0]
         print(f"\n--- {result.task} ({result.config.mode}), "
               f"{'correct' if sample.correct else 'wrong'}\n{sample.problem}\n>>> {sample.completion}")
-    print(json.dumps({"demo": rows}))
+    print(json.dumps({"demo": report.rows}))
     return 0
+
+
+def load_examples(args: argparse.Namespace) -> tuple:
+    """The task and its first --limit test examples (before any model loads, to fail fast)."""
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    task = get_task(args.task, args.data)
+    return task, task.examples("test", args.limit)
+
+
+def source_of(args: argparse.Namespace, task, pipe) -> dict:
+    """Task, data file, model, head and dtype of a run, as recorded in its outputs."""
+    from mrp_dlm.eval.provenance import head_dir
+
+    return dict(task=task.name, data=str(Path(args.data).resolve()) if args.data else None,
+                model=str(pipe.directory.resolve()), head=head_dir(pipe, args.head),
+                dtype=args.dtype)
+
+
+def cmd_eval(args: argparse.Namespace, decode_fields: list[str]) -> int:
+    from mrp_dlm.eval.runner import evaluate_to_dir
+    from mrp_dlm.eval.store import SAMPLES_FILE, SUMMARY_FILE, RunDir, RunIdentity
+
+    config = build_dataclass(DecodeConfig, args, decode_fields)
+    task, examples = load_examples(args)
+    pipe = load_pipeline(args, config.block_size)
+    out = Path(args.out)
+    run = RunDir(out, RunIdentity(**source_of(args, task, pipe), config=config))
+    summary = evaluate_to_dir(pipe, task, examples, run, args.batch_size, progress=True)
+    stats = summary["stats"]
+    print(f"{task.name} {grid_label(config)}: {summary['correct']}/{summary['n']} correct "
+          f"({100 * summary['accuracy']:.1f}%), {summary['decoded']} decoded now, "
+          f"{stats['tokens_per_forward']:.2f} tokens/forward, {stats['tokens_per_second']:.1f} "
+          f"tokens/s; wrote {out / SAMPLES_FILE} and {out / SUMMARY_FILE}")
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
+    from mrp_dlm.eval import bench
+
+    configs = parse_grid(args.grid, build_dataclass(DecodeConfig, args, decode_fields))
+    task, examples = load_examples(args)
+    pipe = load_pipeline(args, configs[0].block_size)
+    configs, dropped = bench.split_by_head(configs, pipe.head is not None)
+    if dropped:
+        print(f"note: no MRP head (give --head DIR), so {', '.join(dropped)} are left out")
+    grids = bench.run_bench(pipe, [(task, examples)], configs, args.batch_size, progress=True)
+    rows = bench.bench_rows(task.name, grids)
+    setup = dict(source_of(args, task, pipe), device=args.device, n=len(examples),
+                 batch_size=args.batch_size)
+    report = bench.bench_report(rows, setup, configs)
+    paths = bench.write_bench(Path(args.out), report)
+    print(bench.markdown(rows))
+    for row in bench.lossless_violations(rows):
+        print(f"WARNING: {row['label']} is lossless by construction but differs from static on "
+              f"{1 - row['identical_to_static']:.1%} of the problems")
+    print("wrote " + ", ".join(str(path) for path in paths))
+    print(json.dumps(report))
+    return 0
+
+
+def add_task_flags(parser: argparse.ArgumentParser, batch_size: int) -> None:
+    """--task, --data, --limit, --batch-size and --out of `mrp eval` and `mrp bench`."""
+    parser.add_argument("--task", required=True, choices=TASK_NAMES, help="benchmark task")
+    parser.add_argument("--data", default=None,
+                        help="the task's data file (JSONL; see docs/evaluation.md)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="first N test problems (default: all)")
+    parser.add_argument("--batch-size", type=int, default=batch_size,
+                        help=f"prompts per decode call (default: {batch_size})")
+    parser.add_argument("--out", required=True, help="output directory")
+
+
+def add_eval_parsers(commands) -> dict[str, list[str]]:
+    """`mrp eval` and `mrp bench`; returns their DecodeConfig flag names."""
+    evaluation = commands.add_parser("eval", help="decode and grade a benchmark; resumable")
+    add_model_flags(evaluation)
+    add_task_flags(evaluation, EVAL_BATCH_SIZE)
+    eval_fields = add_dataclass_flags(evaluation, DecodeConfig, skip=("stop_token_ids",))
+
+    grid = commands.add_parser("bench", help="a grid of modes on one task, ratios against static")
+    add_model_flags(grid)
+    add_task_flags(grid, BENCH_BATCH_SIZE)
+    grid.add_argument("--grid", default=DEFAULT_GRID,
+                      help="comma-separated mode or mode:value entries; the value is the "
+                           "threshold (dynamic, remask), the lookahead (direct, speculative) or "
+                           "the entropy bound (entropy); static is always run first "
+                           f"(default: {DEFAULT_GRID})")
+    bench_fields = add_dataclass_flags(
+        grid, DecodeConfig, skip=("stop_token_ids", "mode", *sorted(set(VALUE_FIELDS.values()))))
+    return {"eval": eval_fields, "bench": bench_fields}
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
@@ -102,6 +201,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     fields["generate"] = add_dataclass_flags(gen, DecodeConfig, skip=("stop_token_ids",))
+
+    fields.update(add_eval_parsers(commands))
 
     demo = commands.add_parser("demo", help="solve held-out problems with several modes")
     add_model_flags(demo)
@@ -125,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args, fields["generate"])
+        if args.command == "eval":
+            return cmd_eval(args, fields["eval"])
+        if args.command == "bench":
+            return cmd_bench(args, fields["bench"])
         if args.command == "demo":
             return cmd_demo(args)
         if args.command == "train" and args.target == "backbone":

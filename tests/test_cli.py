@@ -43,6 +43,67 @@ def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     assert all(row["n"] == 2 for row in report)
 
 
+def test_eval_writes_and_resumes(saved_model_and_head, tmp_path, capsys):
+    model_dir, _ = saved_model_and_head
+    argv = ["eval", "--task", "arith", "--model", str(model_dir), "--mode", "dynamic",
+            "--threshold", "0.5", "--max-new-tokens", "6", "--batch-size", "2",
+            "--out", str(tmp_path)]
+    code, out, err = run_cli(capsys, *argv, "--limit", "2")
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["n"], summary["decoded"], summary["config"]["threshold"]) == (2, 2, 0.5)
+    assert summary["head"] is None
+    assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == 2
+    code, out, err = run_cli(capsys, *argv, "--limit", "3")
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["decoded"] == 1
+    code, out, err = run_cli(capsys, *argv[:-2], "--max-new-tokens", "7", "--out", str(tmp_path))
+    assert code == 2 and "config.max_new_tokens 6 there, 7 now" in err
+
+
+def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsys):
+    model_dir, head_dir = saved_model_and_head
+    code, out, err = run_cli(capsys, "bench", "--task", "arith-code", "--model", str(model_dir),
+                             "--head", str(head_dir), "--grid", "speculative:2,dynamic:0.5",
+                             "--limit", "2", "--max-new-tokens", "6", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "| arith-code | speculative:2 |" in out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert [row["label"] for row in report["rows"]] == ["static", "speculative:2", "dynamic:0.5"]
+    assert report["config"]["head"] == str(head_dir.resolve())
+    for name in ("bench.json", "bench.md", "accuracy_vs_speedup.png",
+                 "accuracy_vs_tokens_per_forward.png"):
+        assert (tmp_path / name).is_file()
+
+
+def test_bench_without_a_head_leaves_mrp_modes_out(saved_model_and_head, tmp_path, capsys):
+    model_dir, _ = saved_model_and_head
+    code, out, err = run_cli(capsys, "bench", "--task", "arith", "--model", str(model_dir),
+                             "--grid", "direct:1,dynamic:0.5", "--limit", "1",
+                             "--max-new-tokens", "4", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "note: no MRP head" in out and "direct:1" in out.splitlines()[0]
+    assert [row["label"] for row in json.loads(out.strip().splitlines()[-1])["rows"]] == \
+        ["static", "dynamic:0.5"]
+
+
+BAD_EVAL = {
+    "bad grid": (["bench", "--grid", "static,dynamic:2"], "grid entry 'dynamic:2': threshold"),
+    "limit 0": (["eval", "--limit", "0"], "--limit must be >= 1"),
+    "data for a generated task": (["eval", "--data", "x.jsonl"], "takes no data file"),
+    "mrp mode without head": (["eval", "--mode", "speculative"], "needs an MRP head"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_EVAL)
+def test_eval_and_bench_bad_input_fail_cleanly(saved_model_and_head, tmp_path, capsys, case):
+    model_dir, _ = saved_model_and_head
+    (command, *extra), message = BAD_EVAL[case]
+    code, out, err = run_cli(capsys, command, "--task", "arith", "--model", str(model_dir),
+                             "--out", str(tmp_path / "out"), *extra)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_backbone_smoke(tmp_path, capsys):
     out_dir = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "backbone", "--out", str(out_dir), "--preset", "tiny",

@@ -1,46 +1,41 @@
-"""`mrp demo`: held-out problems of each task, decoded with several modes side by side.
+"""`mrp demo`: held-out problems of each embedded task, decoded with several modes side by side.
+
+It is a small benchmark: the same machinery as `mrp bench` (see `bench.py`: warm-up, static
+first, ratios against it) on a few problems per task.
 
 Deliberately not here: printing (the CLI formats the report).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.eval.runner import EvalResult, evaluate
-from mrp_dlm.eval.tasks.common import TASK_NAMES, get_task
+from mrp_dlm.eval.bench import bench_rows, run_bench, split_by_head
+from mrp_dlm.eval.runner import EvalResult
+from mrp_dlm.eval.tasks.common import EMBEDDED_TASKS, get_task
 from mrp_dlm.pipeline import Pipeline
 
 DEMO_PROBLEMS = 20  # held-out problems per task
 DEMO_MAX_NEW_TOKENS = 128  # longest reference answers are ~90 tokens
-BASELINE_CONFIGS = (DecodeConfig(mode="static", max_new_tokens=DEMO_MAX_NEW_TOKENS),
-                    DecodeConfig(mode="dynamic", threshold=0.5, max_new_tokens=DEMO_MAX_NEW_TOKENS))
-MRP_CONFIGS = (DecodeConfig(mode="speculative", lookahead=3, max_new_tokens=DEMO_MAX_NEW_TOKENS),
-               DecodeConfig(mode="direct", lookahead=1, max_new_tokens=DEMO_MAX_NEW_TOKENS),
-               DecodeConfig(mode="remask", threshold=0.5, max_new_tokens=DEMO_MAX_NEW_TOKENS))
+DEMO_CONFIGS = (DecodeConfig(mode="static", max_new_tokens=DEMO_MAX_NEW_TOKENS),
+                DecodeConfig(mode="dynamic", threshold=0.5, max_new_tokens=DEMO_MAX_NEW_TOKENS),
+                DecodeConfig(mode="speculative", lookahead=3, max_new_tokens=DEMO_MAX_NEW_TOKENS),
+                DecodeConfig(mode="direct", lookahead=1, max_new_tokens=DEMO_MAX_NEW_TOKENS),
+                DecodeConfig(mode="remask", threshold=0.5, max_new_tokens=DEMO_MAX_NEW_TOKENS))
 
 
-def demo_configs(pipe: Pipeline) -> tuple[DecodeConfig, ...]:
-    """The baselines, plus the MRP modes when the pipeline has a head."""
-    return BASELINE_CONFIGS + (MRP_CONFIGS if pipe.head is not None else ())
-
-
-@dataclass
+@dataclass(frozen=True)
 class DemoReport:
-    results: list[EvalResult] = field(default_factory=list)
-
-    def rows(self) -> list[dict]:
-        return [r.summary() for r in self.results]
+    rows: list[dict]  # one bench row per (task, config)
+    results: list[EvalResult]  # the evaluations behind the rows, in the same order
 
 
-def run_demo(pipe: Pipeline, problems: int = DEMO_PROBLEMS,
-             configs: tuple[DecodeConfig, ...] | None = None) -> DemoReport:
-    configs = demo_configs(pipe) if configs is None else configs
-    report = DemoReport()
-    for name in TASK_NAMES:
-        task = get_task(name)
-        examples = task.examples("test", problems)
-        for config in configs:
-            report.results.append(evaluate(pipe, task, examples, config, batch_size=problems))
-    return report
+def run_demo(pipe: Pipeline, problems: int = DEMO_PROBLEMS) -> DemoReport:
+    """Every demo config (the MRP ones when the pipeline has a head) on each embedded task."""
+    configs, _ = split_by_head(DEMO_CONFIGS, pipe.head is not None)
+    suites = [(task, task.examples("test", problems))
+              for task in (get_task(name) for name in EMBEDDED_TASKS)]
+    grids = run_bench(pipe, suites, configs, batch_size=problems)
+    return DemoReport(rows=[row for grid in grids for row in bench_rows(grid.task, [grid])],
+                      results=[result for grid in grids for result in grid.results])

@@ -1,25 +1,50 @@
 """Run a task's examples through a pipeline with one decode config and grade them.
 
-Deliberately not here: the tasks themselves (see `tasks/`) and printing.
+`evaluate_batches` decodes and grades batch by batch, so a caller can save each batch as
+soon as it is graded; `evaluate` collects them; `evaluate_to_dir` is the resumable
+`mrp eval` run over a run directory (see `store.py`).
+
+Deliberately not here: the tasks themselves (see `tasks/`), the run directory's file
+formats (`store.py`), comparing modes (`bench.py`) and printing.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
 from mrp_dlm.config import DecodeConfig
+from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
+from mrp_dlm.eval import store
+from mrp_dlm.eval.grid import grid_label, setting_of
 from mrp_dlm.eval.tasks.common import Example, Task
 from mrp_dlm.pipeline import Pipeline
+
+EVAL_BATCH_SIZE = 16  # prompts per decode call
 
 
 @dataclass(frozen=True)
 class SampleResult:
+    uid: str  # the example's id (what a resumed run skips)
     problem: str  # the problem text
     completion: str  # the model's decoded answer
     correct: bool  # the task's grader verdict
+    token_ids: tuple[int, ...]  # generated ids, trimmed after the first stop id
+
+    def record(self) -> dict:
+        """The sample's line in samples.jsonl."""
+        return {"uid": self.uid, "problem": self.problem, "completion": self.completion,
+                "correct": self.correct, "tokens": len(self.token_ids)}
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    samples: list[SampleResult]  # graded samples of one decode call, in example order
+    stats: DecodeStats  # cost of that call
 
 
 @dataclass
@@ -33,34 +58,90 @@ class EvalResult:
     def accuracy(self) -> float:
         return sum(s.correct for s in self.samples) / max(len(self.samples), 1)
 
-    @property
-    def setting(self) -> str:
-        """The knob that distinguishes this run's mode: threshold or lookahead."""
-        if self.config.mode in ("dynamic", "remask"):
-            return f"threshold={self.config.threshold}"
-        if self.config.mode in ("direct", "speculative"):
-            return f"lookahead={self.config.lookahead}"
-        return ""
-
     def summary(self) -> dict:
-        return {"task": self.task, "mode": self.config.mode, "setting": self.setting,
+        return {"task": self.task, "mode": self.config.mode, "setting": setting_of(self.config),
                 "n": len(self.samples), "accuracy": round(self.accuracy, 4),
                 **self.stats.to_dict()}
 
 
-def evaluate(pipe: Pipeline, task: Task, examples: list[Example], config: DecodeConfig,
-             batch_size: int = 16, progress: bool = False) -> EvalResult:
-    """Decode every example (batched, chat template when the model has one) and grade it."""
+def check_config(pipe: Pipeline, config: DecodeConfig) -> None:
+    """Raise ValueError now, before any output is written, if `pipe` cannot decode `config`."""
+    config.resolve(pipe.model.config)
+    make_decoder(config, pipe.head)
+
+
+def progress_bar(task: Task, config: DecodeConfig, total: int, done: int = 0,
+                 enabled: bool = True) -> tqdm:
+    """A bar over samples, starting at `done` (those a resumed run skips)."""
+    return tqdm(total=total, initial=done, unit="sample", disable=not enabled,
+                desc=f"{task.name} {grid_label(config)}")
+
+
+def evaluate_batches(pipe: Pipeline, task: Task, examples: list[Example], config: DecodeConfig,
+                     batch_size: int = EVAL_BATCH_SIZE,
+                     bar: tqdm | None = None) -> Iterator[BatchResult]:
+    """Decode (chat template when the model has one) and grade, one batch at a time."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     chat = pipe.tokenizer is not None and pipe.tokenizer.chat_template is not None
-    result = EvalResult(task=task.name, config=config)
-    batches = range(0, len(examples), batch_size)
-    for start in tqdm(batches, desc=f"{task.name} {config.mode}", disable=not progress):
+    for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
         out = pipe.generate([task.prompt(e) for e in batch], config, chat=chat)
         verdicts = task.grade_many(batch, out.texts)
-        result.samples += [SampleResult(e.problem, text, ok)
-                           for e, text, ok in zip(batch, out.texts, verdicts)]
-        result.stats = result.stats + out.stats
+        yield BatchResult([SampleResult(e.uid, e.problem, text, ok, tuple(ids))
+                           for e, text, ok, ids in zip(batch, out.texts, verdicts, out.token_ids)],
+                          out.stats)
+        if bar is not None:
+            bar.update(len(batch))
+
+
+def evaluate(pipe: Pipeline, task: Task, examples: list[Example], config: DecodeConfig,
+             batch_size: int = EVAL_BATCH_SIZE, progress: bool = False) -> EvalResult:
+    """Decode and grade every example; samples in example order, stats summed."""
+    result = EvalResult(task=task.name, config=config)
+    with progress_bar(task, config, len(examples), enabled=progress) as bar:
+        for batch in evaluate_batches(pipe, task, examples, config, batch_size, bar):
+            result.samples += batch.samples
+            result.stats = result.stats + batch.stats
     return result
+
+
+def evaluate_to_dir(pipe: Pipeline, task: Task, examples: list[Example], run: store.RunDir,
+                    batch_size: int = EVAL_BATCH_SIZE, progress: bool = False) -> dict:
+    """`mrp eval`: decode the examples not yet in the run's samples.jsonl, write the summary.
+
+    Each batch's samples are appended as soon as they are graded, so a killed run loses
+    at most one batch. Returns the summary (also written to summary.json).
+    """
+    uids = [example.uid for example in examples]
+    if len(set(uids)) != len(uids):
+        raise ValueError(f"{task.name}: the examples' uids are not unique; cannot resume by uid")
+    config = run.identity.config
+    check_config(pipe, config)
+    began = time.perf_counter()
+    records = run.open()
+    todo = [example for example in examples if example.uid not in records]
+    stats = DecodeStats()
+    with progress_bar(task, config, len(examples), len(examples) - len(todo), progress) as bar:
+        for batch in evaluate_batches(pipe, task, todo, config, batch_size, bar):
+            run.append([sample.record() for sample in batch.samples])
+            records.update({sample.uid: sample.record() for sample in batch.samples})
+            stats = stats + batch.stats
+    summary = run_summary(run.identity, [records[uid] for uid in uids], len(todo), stats,
+                          time.perf_counter() - began)
+    run.write_summary(summary)
+    return summary
+
+
+def run_summary(run: store.RunIdentity, records: list[dict], decoded: int, stats: DecodeStats,
+                seconds: float) -> dict:
+    """Accuracy over every record; speed over the `decoded` samples of this invocation."""
+    correct = sum(bool(record["correct"]) for record in records)
+    resumed = len(records) - decoded
+    note = (f"stats cover the {decoded} samples decoded by this invocation; "
+            f"{resumed} were already in {store.SAMPLES_FILE}") if resumed else \
+        f"stats cover all {decoded} samples"
+    return {**run.to_dict(), "n": len(records), "correct": correct,
+            "accuracy": round(correct / max(len(records), 1), 4),
+            "decoded": decoded, "resumed": resumed, "stats_note": note,
+            "stats": stats.to_dict(), "wall_seconds": round(seconds, 3)}

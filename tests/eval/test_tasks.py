@@ -8,22 +8,24 @@ import pytest
 from mrp_dlm.eval.tasks import arith_problems
 from mrp_dlm.eval.tasks.arith import ArithTask, extract_answer
 from mrp_dlm.eval.tasks.arith_code import ArithCodeTask, extract_code
-from mrp_dlm.eval.tasks.common import TASK_NAMES, TEST_SIZE, Example, get_task
+from mrp_dlm.eval.tasks.common import EMBEDDED_TASKS, TEST_SIZE, Example, get_task
 
 TRAIN_COUNT = 3000
 
 
-@pytest.fixture(scope="module", params=TASK_NAMES)
+@pytest.fixture(scope="module", params=EMBEDDED_TASKS)
 def task(request):
     return get_task(request.param)
 
 
 def test_registry_has_exact_keys():
-    assert TASK_NAMES == ("arith", "arith-code")
+    assert EMBEDDED_TASKS == ("arith", "arith-code")
     assert isinstance(get_task("arith"), ArithTask)
     assert isinstance(get_task("arith-code"), ArithCodeTask)
     with pytest.raises(KeyError):
         get_task("arith_code")
+    with pytest.raises(ValueError, match="takes no data"):
+        get_task("arith", "problems.jsonl")
 
 
 def test_generation_is_deterministic(task):
@@ -51,6 +53,11 @@ def test_test_split_size(task):
         task.examples("test", TEST_SIZE + 1)
     with pytest.raises(ValueError):
         task.examples("validation")
+
+
+def test_uid_is_the_seed(task):
+    example = task.examples("test", 1)[0]
+    assert example.key == "" and example.uid == str(example.seed)
 
 
 def test_splits_are_disjoint_and_deduplicated(task):

@@ -3,7 +3,7 @@
 import pytest
 import tokenizers
 
-from mrp_dlm.eval.tasks.common import TASK_NAMES, get_task
+from mrp_dlm.eval.tasks.common import EMBEDDED_TASKS, get_task
 from mrp_dlm.training.tokenizer import (CHAT_TEMPLATE, MAX_VOCAB_SIZE, SPECIAL_TOKENS,
                                         save_tokenizer, train_tokenizer)
 
@@ -18,7 +18,7 @@ def chat_text(problem: str, target: str) -> str:
 @pytest.fixture(scope="module")
 def task_texts():
     texts = []
-    for name in TASK_NAMES:
+    for name in EMBEDDED_TASKS:
         for example in get_task(name).examples("train", TRAIN_COUNT):
             texts.append(chat_text(example.problem, example.target))
     return texts

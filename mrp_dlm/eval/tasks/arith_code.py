@@ -12,18 +12,16 @@ Deliberately not here: sandboxing itself (see `eval/sandbox.py`) and the problem
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from mrp_dlm.eval.sandbox import SandboxLimits, SandboxResult, run_many, run_python
+from mrp_dlm.eval.tasks.code import extract_code
 from mrp_dlm.eval.tasks.arith_problems import Step, WordProblem, make_word_problem
 from mrp_dlm.eval.tasks.common import Example, Task
 
 CODE_INSTRUCTION = "Write a Python function solve() that returns the answer."
 CALL = "solve()"
 INDENT = "    "
-# The body of the first fenced code block, with or without a language tag.
-FENCE_PATTERN = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 GRADING_LIMITS = SandboxLimits(timeout_s=2.0)  # reference solutions finish in milliseconds
 
 
@@ -37,12 +35,6 @@ def write_function(problem: WordProblem) -> str:
     lines = [f"{problem.quantity} = {problem.start}", *map(write_statement, problem.steps),
              f"return {problem.quantity}"]
     return "\n".join(["def solve():", *(INDENT + line for line in lines)])
-
-
-def extract_code(completion: str) -> str:
-    """The first fenced code block when there is one, else the completion itself."""
-    match = FENCE_PATTERN.search(completion)
-    return match.group(1) if match else completion
 
 
 def is_correct(result: SandboxResult, answer: int) -> bool:

@@ -1,0 +1,138 @@
+"""`mrp bench`: a grid of decode configs on the same problems, every ratio against static.
+
+One run warms up (every config on `WARMUP_PROBLEMS` problems, excluded from all numbers),
+then decodes the problems of each task with every config, static first. A row reports:
+- accuracy (the task's grader);
+- tokens per backbone forward, end to end (prefill included) and denoising only;
+- tokens/s (decode wall time, grading excluded) and the speedup: tokens/s over the static
+  tokens/s measured in the same run on the same problems;
+- drafts accepted per speculative round;
+- identical-to-static: the fraction of problems whose generated ids equal static's, and
+  whether the mode is lossless by construction (static, speculative: their rate must be 1).
+Wall-clock speedups are judged at batch 1 (`BENCH_BATCH_SIZE`).
+
+Deliberately not here: grid spec parsing (see `grid.py`), drawing (`plots.py`), printing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mrp_dlm.config import MRP_MODES, DecodeConfig
+from mrp_dlm.decoding.stats import DecodeStats
+from mrp_dlm.eval import plots, provenance, store
+from mrp_dlm.eval.grid import LOSSLESS_MODES, grid_label, setting_of
+from mrp_dlm.eval.runner import EvalResult, check_config, evaluate
+from mrp_dlm.eval.tasks.common import Example, Task
+from mrp_dlm.model.loading import write_atomic
+from mrp_dlm.pipeline import Pipeline
+
+WARMUP_PROBLEMS = 2  # problems per config in the excluded warm-up pass
+BENCH_BATCH_SIZE = 1  # prompts per decode call: wall-clock speedups are judged at batch 1
+BENCH_FILE, TABLE_FILE = "bench.json", "bench.md"
+PLOTS = {"accuracy_vs_speedup.png": ("speedup", "speedup over static (tokens/s ratio)"),
+         "accuracy_vs_tokens_per_forward.png": ("tokens_per_forward",
+                                                "tokens per backbone forward (end to end)")}
+MARKDOWN_COLUMNS = (("task", "task"), ("label", "mode"), ("accuracy", "acc"),
+                    ("tokens_per_forward", "tok/fwd"),
+                    ("tokens_per_denoise_forward", "tok/denoise"), ("tokens_per_second", "tok/s"),
+                    ("speedup", "speedup"), ("mean_accepted", "accepted/round"),
+                    ("identical_to_static", "same as static"), ("lossless", "lossless"))
+
+
+@dataclass(frozen=True)
+class GridResults:
+    task: str  # task name
+    results: tuple[EvalResult, ...]  # one per config, static first, on the same problems
+
+
+def split_by_head(configs: tuple[DecodeConfig, ...],
+                  has_head: bool) -> tuple[tuple[DecodeConfig, ...], list[str]]:
+    """The configs a pipeline can run, and the labels of those dropped for want of a head."""
+    if has_head:
+        return configs, []
+    dropped = [grid_label(config) for config in configs if config.mode in MRP_MODES]
+    return tuple(config for config in configs if config.mode not in MRP_MODES), dropped
+
+
+def run_bench(pipe: Pipeline, suites: list[tuple[Task, list[Example]]],
+              configs: tuple[DecodeConfig, ...], batch_size: int = BENCH_BATCH_SIZE,
+              progress: bool = False) -> list[GridResults]:
+    """Warm up on the first suite, then every config on every suite's problems."""
+    if configs[0].mode != "static":
+        raise ValueError("a benchmark grid starts with static, its reference")
+    for config in configs:
+        check_config(pipe, config)
+    task, examples = suites[0]
+    for config in configs:
+        evaluate(pipe, task, examples[:WARMUP_PROBLEMS], config, batch_size)
+    return [GridResults(task.name, tuple(evaluate(pipe, task, examples, config, batch_size,
+                                                  progress) for config in configs))
+            for task, examples in suites]
+
+
+def pooled_stats(results: list[EvalResult]) -> DecodeStats:
+    return functools.reduce(operator.add, (result.stats for result in results), DecodeStats())
+
+
+def bench_row(scope: str, results: list[EvalResult], static: list[EvalResult]) -> dict:
+    """One config's row over the pooled problems of `results`, against static's."""
+    config = results[0].config
+    samples = [sample for result in results for sample in result.samples]
+    reference = [sample.token_ids for result in static for sample in result.samples]
+    stats, static_rate = pooled_stats(results), pooled_stats(static).tokens_per_second
+    same = sum(sample.token_ids == ids for sample, ids in zip(samples, reference))
+    return {"task": scope, "mode": config.mode, "setting": setting_of(config),
+            "label": grid_label(config), "n": len(samples),
+            "accuracy": round(sum(s.correct for s in samples) / max(len(samples), 1), 4),
+            **stats.to_dict(),
+            "mean_accepted": round(stats.mean_accepted, 3) if stats.rounds else None,
+            "speedup": round(stats.tokens_per_second / static_rate, 3) if static_rate else None,
+            "identical_to_static": round(same / max(len(samples), 1), 4),
+            "lossless": config.mode in LOSSLESS_MODES}
+
+
+def bench_rows(scope: str, grids: list[GridResults]) -> list[dict]:
+    """A row per config; several grids (tasks) pool their problems under `scope`."""
+    configs = range(len(grids[0].results))
+    return [bench_row(scope, [grid.results[i] for grid in grids],
+                      [grid.results[0] for grid in grids]) for i in configs]
+
+
+def lossless_violations(rows: list[dict]) -> list[dict]:
+    """Rows of lossless modes whose tokens differ from static's on some problem."""
+    return [row for row in rows if row["lossless"] and row["identical_to_static"] < 1]
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(title for _, title in MARKDOWN_COLUMNS) + " |",
+             "|" + "|".join("---" for _ in MARKDOWN_COLUMNS) + "|"]
+    for row in rows:
+        cells = ["-" if row[key] is None else str(row[key]) for key, _ in MARKDOWN_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def bench_report(rows: list[dict], setup: dict, configs: tuple[DecodeConfig, ...]) -> dict:
+    """bench.json: the setup, the grid, commit, hardware, peak memory and the rows."""
+    device = setup["device"]
+    return {"config": {**setup, "warmup_problems": WARMUP_PROBLEMS,
+                       "grid": [grid_label(config) for config in configs],
+                       "decode": dataclasses.asdict(configs[0])},
+            "commit": provenance.git_commit(), "hardware": provenance.hardware(device),
+            "peak_memory_bytes": provenance.peak_memory(device), "rows": rows}
+
+
+def write_bench(out: Path, report: dict) -> list[Path]:
+    """bench.json, bench.md and the two trade-off plots in `out`; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    store.write_json(out / BENCH_FILE, report)
+    table = markdown(report["rows"]) + "\n"
+    write_atomic(out / TABLE_FILE, lambda tmp: tmp.write_text(table))
+    for name, (key, label) in PLOTS.items():
+        plots.plot_tradeoff(report["rows"], key, label, out / name)
+    return [out / BENCH_FILE, out / TABLE_FILE, *(out / name for name in PLOTS)]

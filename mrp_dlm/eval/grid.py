@@ -1,0 +1,75 @@
+"""Grid specs: "static,dynamic:0.9,speculative:3" <-> the decode configs a benchmark compares.
+
+An entry is `mode` or `mode:value`. The value sets the one knob that distinguishes a mode's
+settings (`VALUE_FIELDS`): the threshold of dynamic and remask, the lookahead K of direct
+and speculative, the entropy bound of entropy. Every other knob comes from a base config.
+Static is always part of a grid and always first: every ratio is measured against it.
+
+Deliberately not here: running the grid (see `bench.py`) and which modes need a head
+(`config.MRP_MODES`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mrp_dlm.config import MODES, DecodeConfig
+
+VALUE_FIELDS = {"dynamic": "threshold", "remask": "threshold", "direct": "lookahead",
+                "speculative": "lookahead", "entropy": "entropy_bound"}
+FIELD_TYPES = {"threshold": float, "lookahead": int, "entropy_bound": float}
+TYPE_NAMES = {float: "a number", int: "an integer"}
+BASELINE = "static"  # the reference every ratio is measured against
+LOSSLESS_MODES = ("static", "speculative")  # modes whose greedy tokens equal static's
+DEFAULT_GRID = ("static,dynamic:0.9,dynamic:0.7,dynamic:0.5,direct:1,direct:2,speculative:2,"
+                "speculative:3,speculative:4,remask:0.5,remask:0.7")
+
+
+def grid_label(config: DecodeConfig) -> str:
+    """The grid entry that produces `config` from a base: "static", "speculative:3"."""
+    name = VALUE_FIELDS.get(config.mode)
+    return config.mode if name is None else f"{config.mode}:{getattr(config, name):g}"
+
+
+def setting_of(config: DecodeConfig) -> str:
+    """The mode's distinguishing knob as text, "lookahead=3"; empty for modes without one."""
+    name = VALUE_FIELDS.get(config.mode)
+    return "" if name is None else f"{name}={getattr(config, name):g}"
+
+
+def parse_entry(entry: str, base: DecodeConfig) -> DecodeConfig:
+    mode, _, value = entry.partition(":")
+    if mode not in MODES:
+        raise ValueError(f"grid entry {entry!r}: unknown mode {mode!r}; choose one of "
+                         f"{', '.join(MODES)}")
+    name = VALUE_FIELDS.get(mode)
+    if name is None:
+        if value:
+            raise ValueError(f"grid entry {entry!r}: mode {mode!r} takes no value")
+        return dataclasses.replace(base, mode=mode)
+    if not value:
+        raise ValueError(f"grid entry {entry!r}: mode {mode!r} needs a value, "
+                         f"{mode}:{name.upper()}")
+    try:
+        number = FIELD_TYPES[name](value)
+    except ValueError:
+        raise ValueError(f"grid entry {entry!r}: {name} must be "
+                         f"{TYPE_NAMES[FIELD_TYPES[name]]}, got {value!r}") from None
+    try:
+        return dataclasses.replace(base, mode=mode, **{name: number})
+    except ValueError as error:
+        raise ValueError(f"grid entry {entry!r}: {error}") from None
+
+
+def parse_grid(spec: str, base: DecodeConfig) -> tuple[DecodeConfig, ...]:
+    """The configs of a comma-separated grid spec, static first (added when left out)."""
+    entries = [entry.strip() for entry in spec.split(",") if entry.strip()]
+    if not entries:
+        raise ValueError("the grid is empty; give entries such as 'static,speculative:3'")
+    configs = [parse_entry(entry, base) for entry in entries]
+    labels = [grid_label(config) for config in configs]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"grid lists {', '.join(repeated)} more than once")
+    baseline = dataclasses.replace(base, mode=BASELINE)
+    return (baseline, *(config for config in configs if config.mode != BASELINE))

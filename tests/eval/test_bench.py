@@ -1,0 +1,101 @@
+"""`mrp bench`: grid specs, the rows against static (lossless modes identical), the outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.eval import bench
+from mrp_dlm.eval.grid import DEFAULT_GRID, grid_label, parse_grid, setting_of
+from mrp_dlm.eval.tasks.common import get_task
+from mrp_dlm.pipeline import Pipeline
+
+BASE = DecodeConfig(max_new_tokens=8)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def labels(spec: str) -> list[str]:
+    return [grid_label(config) for config in parse_grid(spec, BASE)]
+
+
+def test_the_default_grid_round_trips():
+    assert labels(DEFAULT_GRID) == DEFAULT_GRID.split(",")
+
+
+def test_static_is_added_and_moved_first_and_base_knobs_kept():
+    assert labels("speculative:3, dynamic:0.7") == ["static", "speculative:3", "dynamic:0.7"]
+    assert labels("remask:0.5,static,entropy:1.5") == ["static", "remask:0.5", "entropy:1.5"]
+    configs = parse_grid("direct:2,dynamic:0.25", BASE)
+    assert configs[1].lookahead == 2 and isinstance(configs[1].lookahead, int)
+    assert configs[2].threshold == 0.25
+    assert all(config.max_new_tokens == 8 for config in configs)
+    assert [setting_of(config) for config in configs] == ["", "lookahead=2", "threshold=0.25"]
+
+
+BAD_GRIDS = {
+    "": "the grid is empty",
+    "static,fastest": "unknown mode 'fastest'",
+    "dynamic": "'dynamic' needs a value, dynamic:THRESHOLD",
+    "static:1": "'static' takes no value",
+    "direct:x": "lookahead must be an integer, got 'x'",
+    "speculative:2.5": "lookahead must be an integer",
+    "dynamic:high": "threshold must be a number",
+    "dynamic:1.5": "'dynamic:1.5': threshold must be in",
+    "speculative:0": "'speculative:0': lookahead must be >= 1",
+    "dynamic:0.5,dynamic:0.50": "dynamic:0.5 more than once",
+}
+
+
+@pytest.mark.parametrize("spec", BAD_GRIDS)
+def test_bad_grids_say_what_is_wrong(spec):
+    with pytest.raises(ValueError, match=BAD_GRIDS[spec]):
+        parse_grid(spec, BASE)
+
+
+def test_modes_without_a_head_are_dropped():
+    configs = parse_grid("dynamic:0.5,direct:1,speculative:2,remask:0.5", BASE)
+    kept, dropped = bench.split_by_head(configs, has_head=False)
+    assert [grid_label(c) for c in kept] == ["static", "dynamic:0.5"]
+    assert dropped == ["direct:1", "speculative:2", "remask:0.5"]
+    assert bench.split_by_head(configs, has_head=True) == (configs, [])
+
+
+def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
+    model_dir, head_dir = saved_model_and_head
+    pipe = Pipeline.load(model_dir, head=head_dir)
+    configs = parse_grid("static,dynamic:0.5,speculative:2,direct:1", BASE)
+    tasks = [get_task("arith"), get_task("arith-code")]
+    suites = [(task, task.examples("test", 2)) for task in tasks]
+    grids = bench.run_bench(pipe, suites, configs)
+    rows = {row["label"]: row for row in bench.bench_rows("arith", grids[:1])}
+    assert list(rows) == ["static", "dynamic:0.5", "speculative:2", "direct:1"]
+    static, speculative = rows["static"], rows["speculative:2"]
+    assert static["speedup"] == 1.0 and static["identical_to_static"] == 1.0 and static["lossless"]
+    assert speculative["identical_to_static"] == 1.0 and speculative["lossless"]
+    assert speculative["mean_accepted"] is not None and static["mean_accepted"] is None
+    assert not rows["direct:1"]["lossless"] and rows["dynamic:0.5"]["speedup"] > 0
+    assert speculative["accuracy"] == static["accuracy"] and all(r["n"] == 2 for r in rows.values())
+    pooled = bench.bench_rows("all", grids)
+    assert [row["n"] for row in pooled] == [4] * 4 and not bench.lossless_violations(pooled)
+
+    report = bench.bench_report(list(rows.values()), dict(task="arith", device="cpu"), configs)
+    paths = bench.write_bench(tmp_path / "out", report)
+    assert [p.name for p in paths] == ["bench.json", "bench.md", "accuracy_vs_speedup.png",
+                                       "accuracy_vs_tokens_per_forward.png"]
+    saved = json.loads(paths[0].read_text())
+    assert saved["rows"] == list(rows.values()) and saved["config"]["grid"] == list(rows)
+    assert {"commit", "hardware", "peak_memory_bytes"} <= set(saved)
+    assert len(paths[1].read_text().splitlines()) == 2 + len(rows)
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths[2:])
+
+
+def test_lossless_violations_and_markdown_placeholders():
+    rows = [dict(task="t", label="speculative:2", accuracy=1.0, tokens_per_forward=1.0,
+                 tokens_per_denoise_forward=1.0, tokens_per_second=3.0, speedup=0.5,
+                 mean_accepted=None, identical_to_static=0.5, lossless=True)]
+    assert bench.lossless_violations(rows) == rows
+    assert bench.lossless_violations([{**rows[0], "lossless": False}]) == []
+    assert "| t | speculative:2 | 1.0 | 1.0 | 1.0 | 3.0 | 0.5 | - | 0.5 | True |" in \
+        bench.markdown(rows)
