@@ -222,7 +222,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 def run_config(model: Path, out: Path, **changes) -> HeadTrainConfig:
     base = HeadTrainConfig(model=str(model), out=str(out), head_layers=1, tasks="arith",
-                           train_examples=40, eval_examples=6, seq_len=128, batch_size=4, steps=6,
+                           train_examples=40, eval_examples=6, seq_len=256, batch_size=4, steps=6,
                            lr=3e-3, log_every=2, eval_every=3, save_every=100)
     return dataclasses.replace(base, **changes)
 
@@ -244,7 +244,7 @@ def test_training_run_writes_head_logs_and_metrics(model_dir, tmp_path):
                 "base_pick_agreement", "positions"):
         assert len(metrics[-1][key]) == 2, key  # one value per lookahead step
     assert 0 <= metrics[-1]["accepted_drafts"] <= 2
-    assert metrics[-1]["kl_residual"][0] < metrics[-1]["kl_base"][0]
+    assert metrics[-1]["kl_residual"][0] < metrics[-1]["kl_base"][0], metrics
     head = load_head(out, load_backbone(model_dir))
     assert head.config == HeadConfig(num_layers=1, init_std=0.02)
 
