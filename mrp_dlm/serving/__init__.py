@@ -1,0 +1,20 @@
+"""Serving in SGLang 0.5.23: a plugin with MRP speculative and direct decoding.
+
+Installed with the `sglang` extra and registered through the `sglang.srt.plugins` entry
+point (`plugin.load`). Module map:
+  plugin.py        entry point: algorithms into SGLang's registry, model package, hooks
+  config.py        the algorithms' YAML as a frozen dataclass; block size / mask id rules
+  base.py          shared by both algorithms: launch and request errors, one forward
+  speculative.py   MrpSpeculative (lossless; == LowConfidence threshold 1.0)
+  direct.py        MrpDirect (lossy, up to 1 + K tokens per forward)
+  steps.py         draft / accept / direct commits, pure tensor functions
+  verify_batch.py  K + 1 candidates as extra rows of one forward (SGLang internals, gated)
+  head_host.py     the head on an SGLang model's shared weights; fingerprint-checked loading
+  sdar_config.py   model_type `sdar` for transformers
+  models/          SGLang model classes (our SDARForCausalLM)
+
+Imports flow one way: model <- decoding <- serving. Importing this package imports no
+SGLang code; every other module here does.
+
+Deliberately not here: a server of our own (SGLang is the server), sampling (greedy only).
+"""

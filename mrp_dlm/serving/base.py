@@ -1,0 +1,101 @@
+"""What both MRP algorithms share inside SGLang: their YAML, the launch- and request-time
+errors for what they do not support, the model's head, and the per-request block state.
+
+Errors, each with a message that says what to do:
+- at launch: tensor parallelism > 1, `--no-dllm-fdfo` (the algorithms are written for
+  first-done-first-out scheduling), a bad YAML, a missing head directory, a head whose
+  fingerprint does not match the model or the block size (raised while the model loads);
+- per request: sampling. The MRP modes here decode greedily (speculative reproduces static
+  decoding token for token); SGLang turns temperature 0 into top_k 1, so any request with
+  top_k != 1 is refused.
+
+Deliberately not here: the per-round logic (see `speculative.py`, `direct.py`).
+
+Shapes: L block size, H hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from sglang.srt.dllm.algorithm.base import DllmAlgorithm
+from sglang.srt.dllm.config import DllmConfig
+
+from mrp_dlm.serving.config import MrpServingConfig, ServingConfigError
+from mrp_dlm.serving.verify_batch import check_sglang_version
+
+
+class MrpAlgorithm(DllmAlgorithm):
+    """Base of MrpSpeculative and MrpDirect (FDFO only, greedy only, tp 1 only)."""
+
+    supported_architectures = ("SDARForCausalLM",)
+
+    def __init__(self, config: DllmConfig) -> None:
+        super().__init__(config)
+        check_sglang_version()
+        if not self.fdfo:
+            raise ServingConfigError(no_fdfo_message(type(self).__name__))
+        self.serving = MrpServingConfig.from_mapping(dict(config.algorithm_config))
+        self.serving.head_directory()
+        self.lookahead = self.serving.lookahead
+
+    @classmethod
+    def configure_server_args(cls, server_args: Any) -> None:
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        cfg = resolving_view(server_args)
+        if getattr(cfg, "tp_size", 1) > 1:
+            raise ServingConfigError(f"{cls.__name__} supports tensor parallelism 1 only "
+                                     f"(got --tp {cfg.tp_size}); SDAR 1.7B-8B fit one GPU")
+        if not getattr(cfg, "dllm_fdfo", True):
+            raise ServingConfigError(no_fdfo_message(cls.__name__))
+        if cfg.dllm_algorithm_config is None:
+            raise ServingConfigError(f"{cls.__name__} needs --dllm-algorithm-config mrp.yaml "
+                                     "(with at least `head: <directory>`)")
+
+    @classmethod
+    def validate_request(cls, req: Any) -> Optional[str]:
+        params = req.sampling_params
+        if params.top_k != 1:
+            return (f"{cls.__name__} decodes greedily (it reproduces static decoding); send "
+                    f"temperature 0 (got temperature {params.temperature}, top_k "
+                    f"{params.top_k})")
+        return None
+
+    def model_parts(self, model_runner: Any):
+        """(head, host) of the served model; a clear error if it carries no head."""
+        model = model_runner.model
+        head, host = getattr(model, "mrp_head", None), getattr(model, "mrp_host", None)
+        if head is None or host is None:
+            raise RuntimeError(f"{type(self).__name__} needs the mrp-dlm SDARForCausalLM "
+                               "with its head loaded; is the mrp-dlm plugin installed and "
+                               "SGLANG_PLUGINS (if set) naming it?")
+        return head, host
+
+
+def no_fdfo_message(name: str) -> str:
+    return (f"{name} runs with first-done-first-out scheduling only (SGLang's default); "
+            "remove --no-dllm-fdfo")
+
+
+def run_rows(model_runner: Any, forward_batch: Any, block_size: int
+             ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """One forward: (output, logits (N, L, V) float32, hidden (N, L, H))."""
+    out = model_runner.forward(forward_batch, pp_proxy_tensors=None)
+    logits = out.logits_output.full_logits
+    hidden = out.logits_output.hidden_states
+    if hidden is None:
+        raise RuntimeError("the served SDARForCausalLM returned no hidden states; the MRP "
+                           "algorithms need the mrp-dlm model class")
+    N = logits.shape[0] // block_size
+    return out, logits.float().view(N, block_size, -1), hidden.view(N, block_size, -1)
+
+
+def prompt_mask_of(forward_batch: Any, block_size: int, mask_id: int) -> torch.Tensor:
+    """(B, L) bool: block positions that are prompt (never revealed)."""
+    mask = forward_batch.dllm_prompt_mask
+    if mask is not None:
+        return mask.view(-1, block_size).clone()
+    ids = forward_batch.input_ids.view(-1, block_size)
+    return ids != mask_id

@@ -1,0 +1,108 @@
+"""The MRP algorithms' YAML (`--dllm-algorithm-config mrp.yaml`) as a frozen dataclass.
+
+    lookahead: 3            # K: head drafts per round (speculative) / commits per forward (direct)
+    head: /path/to/head     # MRP head directory (config.json + model.safetensors)
+    block_size: 16          # optional; else the model's config.json, else the SDAR default 4
+    mask_id: 151669         # optional; else the model's config.json, else the SDAR default
+
+SGLang reads `block_size` from the same file; the mask id it would take from its own table
+(151669 for SDAR), which is why the plugin resolves both here (see `resolve_block_facts`).
+Unknown keys are errors: a typo must never be silently ignored.
+
+Deliberately not here: loading the head (see `models/sdar_mrp.py`) and SGLang's own keys
+beyond `block_size` (e.g. `threshold` belongs to LowConfidence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID
+
+
+class ServingConfigError(ValueError):
+    """A bad MRP serving configuration, with a message that names the offending key."""
+
+
+@dataclass(frozen=True)
+class MrpServingConfig:
+    """What the MRP algorithms need beyond SGLang's own server arguments."""
+
+    head: str  # MRP head directory, trained on this model at this block size
+    lookahead: int = 3  # K: head steps per round (speculative drafts 2..K+1, direct commits)
+    block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
+    mask_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
+    capture_input_preparation: bool = True  # SGLang's own key; accepted and passed through
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.head, str) or not self.head:
+            raise ServingConfigError("head must name the MRP head directory")
+        if not isinstance(self.lookahead, int) or isinstance(self.lookahead, bool) \
+                or self.lookahead < 1:
+            raise ServingConfigError(f"lookahead must be an integer >= 1, got {self.lookahead!r}")
+        for name in ("block_size", "mask_id"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < (1 if name == "block_size" else 0)):
+                raise ServingConfigError(f"{name} must be a non-negative integer, got {value!r}")
+
+    @classmethod
+    def from_mapping(cls, raw: Any, source: str = "the dLLM algorithm config"
+                     ) -> "MrpServingConfig":
+        if not isinstance(raw, dict):
+            raise ServingConfigError(f"{source} must be a YAML mapping, got {type(raw).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ServingConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; "
+                                     f"the MRP algorithms read {', '.join(sorted(known))}")
+        if "head" not in raw:
+            raise ServingConfigError(f"{source} lacks `head` (the MRP head directory)")
+        return cls(**raw)
+
+    def head_directory(self) -> Path:
+        path = Path(self.head).expanduser()
+        if not (path / "config.json").is_file():
+            raise ServingConfigError(f"MRP head directory not found (or without config.json): "
+                                     f"{path}")
+        return path
+
+
+def read_yaml(path: str | None) -> dict:
+    """The YAML mapping at path; {} when no path is given."""
+    if path is None:
+        return {}
+    import yaml  # SGLang needs PyYAML for this file too
+
+    with open(path) as handle:
+        raw = yaml.safe_load(handle) or {}
+    if not isinstance(raw, dict):
+        raise ServingConfigError(f"{path} must hold a YAML mapping")
+    return raw
+
+
+def load_serving_config(path: str | None) -> MrpServingConfig:
+    if path is None:
+        raise ServingConfigError("the MRP algorithms need --dllm-algorithm-config mrp.yaml "
+                                 "(with at least `head: <directory>`)")
+    return MrpServingConfig.from_mapping(read_yaml(path), path)
+
+
+@dataclass(frozen=True)
+class BlockFacts:
+    block_size: int  # L the server decodes with
+    mask_id: int  # [MASK] id
+
+
+def resolve_block_facts(yaml_values: dict, hf_config: Any,
+                        table: BlockFacts = BlockFacts(SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID)
+                        ) -> BlockFacts:
+    """YAML first, then the model's config.json, then SGLang's SDAR table."""
+    block_size = yaml_values.get("block_size") or getattr(hf_config, "block_size", None) \
+        or table.block_size
+    mask_id = yaml_values.get("mask_id")
+    if mask_id is None:
+        mask_id = getattr(hf_config, "mask_token_id", None)
+    return BlockFacts(int(block_size), table.mask_id if mask_id is None else int(mask_id))

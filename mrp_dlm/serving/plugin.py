@@ -1,0 +1,91 @@
+"""The SGLang plugin entry point (`sglang.srt.plugins`: `mrp = mrp_dlm.serving.plugin:load`).
+
+SGLang calls `load()` in every one of its processes before it resolves server arguments.
+It then
+- registers `MrpSpeculative` and `MrpDirect` in SGLang's algorithm registry (a module
+  dict read at call time), so `--dllm-algorithm MrpSpeculative` finds them;
+- points SGLANG_EXTERNAL_MODEL_PACKAGE at `mrp_dlm.serving.models`, so our
+  `SDARForCausalLM` (SGLang's, plus the head, hidden states and SUBS) serves SDAR
+  checkpoints; it must be set before SGLang's model registry is imported;
+- wraps `DllmConfig.from_server_args` so that, for SDAR, the block size and the mask id
+  come from the YAML, else from the model's config.json, else from SGLang's table (SGLang
+  alone always takes mask 151669, which is wrong for any model with its own mask id);
+- registers model_type `sdar` with transformers as Qwen3's config (SDAR is Qwen3 layers),
+  so SDAR checkpoints without custom code (ours) load without --trust-remote-code.
+Nothing of SGLang is patched on disk. Importing this module imports no SGLang code.
+
+Deliberately not here: the algorithms and the model class.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+MODELS_PACKAGE = "mrp_dlm.serving.models"
+ALGORITHMS = ("MrpSpeculative", "MrpDirect")  # the names `--dllm-algorithm` takes
+
+
+def load() -> None:
+    """Register the algorithms, the model package and the hooks (SGLang calls this once per
+    process, before it resolves server arguments or imports its model registry)."""
+    existing = os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE")
+    if existing and existing != MODELS_PACKAGE:
+        log.warning("SGLANG_EXTERNAL_MODEL_PACKAGE=%s is set; the MRP model class is not "
+                    "registered, so the MRP algorithms will refuse to run", existing)
+    else:
+        os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = MODELS_PACKAGE
+    register_algorithms()
+    register_block_facts_hook()
+    register_sdar_config()
+
+
+def register_algorithms() -> None:
+    from sglang.srt.dllm import algorithm as registry
+
+    from mrp_dlm.serving.direct import MrpDirect
+    from mrp_dlm.serving.speculative import MrpSpeculative
+
+    algorithms = {cls.__name__: cls for cls in (MrpSpeculative, MrpDirect)}
+    assert tuple(algorithms) == ALGORITHMS
+    registry.algo_name_to_cls.update(algorithms)
+
+
+def register_sdar_config() -> None:
+    from transformers import AutoConfig
+
+    from mrp_dlm.serving.sdar_config import SDARConfig
+
+    try:
+        AutoConfig.for_model("sdar")
+    except ValueError:
+        AutoConfig.register("sdar", SDARConfig)
+
+
+def register_block_facts_hook() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.dllm.config.DllmConfig.from_server_args",
+                          block_facts_hook, HookType.AFTER)
+
+
+def block_facts_hook(result, server_args, *args, **kwargs):
+    """After SGLang's own DllmConfig: block size and mask id for SDAR from YAML/config."""
+    if result is None:
+        return result
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from mrp_dlm.serving.config import read_yaml, resolve_block_facts
+
+    cfg = resolving_view(server_args)
+    model_config = ModelConfig.from_server_args(server_args, model_path=cfg.model_path,
+                                                model_revision=cfg.revision)
+    architectures = getattr(model_config.hf_config, "architectures", None) or []
+    if architectures[:1] != ["SDARForCausalLM"]:
+        return result
+    facts = resolve_block_facts(read_yaml(cfg.dllm_algorithm_config), model_config.hf_config)
+    result.block_size, result.mask_id = facts.block_size, facts.mask_id
+    return result

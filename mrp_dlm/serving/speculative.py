@@ -1,0 +1,196 @@
+"""`MrpSpeculative`: lossless MRP speculative decoding as an SGLang dLLM algorithm (FDFO).
+
+Each `run()` does one forward in which every request has one or more rows:
+- a request with drafts pending verifies them all: its candidates S_1 .. S_M (M = K + 1)
+  as extra rows plus its own row carrying S_M (see `verify_batch.py`); it accepts n >= 1
+  drafts (`steps.accept`), and the verify slice of S_n is the next seed;
+- any other request (a fresh block, a finished block to store, or one whose scratch rows
+  or slots ran short: the one-row static fallback) forwards its accepted state alone,
+  which gives the seed.
+Then, per request: the block is done when its accepted state has no masks left AND its
+own row forwarded exactly that state (so the clean KV sits in the block's real slots);
+a clean block whose own row held another state is stored by one more single-row forward;
+otherwise the head drafts S_1 .. S_M from the seed, S_1 (the backbone's own static pick)
+is accepted at once, and the own row carries S_M next round. So a request without
+scratch rows still advances one exact static step per forward.
+
+Scratch rows and slots are freed inside the same call. Acceptance is per request: no
+request waits for another. Every committed token is the backbone's own static pick, so
+the output equals `LowConfidence` with threshold 1.0, token for token.
+
+Deliberately not here: the pure draft/accept phases (see `steps.py`) and SGLang batch
+surgery (see `verify_batch.py`).
+
+Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidates.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.steps import Drafts, accept, draft
+from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BlockState:
+    """What a request carries between rounds of one block."""
+
+    accepted: torch.Tensor  # (L,) the block as accepted so far
+    prompt: torch.Tensor  # (L,) bool, prompt positions (never revealed)
+    drafts: Optional[Drafts] = None  # (1, M, L) pending candidates; S_1 == accepted
+    forwards: int = 0  # forwards this block has taken
+
+
+@dataclass(frozen=True)
+class Round:
+    """One request's rows in this round's forward."""
+
+    states: torch.Tensor  # (m, L) the rows' block states, the own row last
+    verifying: bool  # the rows are the pending drafts (else: the accepted state alone)
+
+
+@dataclass
+class Counts:
+    """Running totals of this server process (logged; see `log_counts`)."""
+
+    blocks: int = 0
+    forwards: int = 0
+    tokens: int = 0
+
+
+class MrpSpeculative(MrpAlgorithm):
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.copies = self.lookahead + 1
+        self.counts = Counts()
+
+    def run(self, model_runner, forward_batch, algo_states=None):
+        head, host = self.model_parts(model_runner)
+        B, L = forward_batch.batch_size, self.block_size
+        states = self.carried_states(forward_batch, algo_states)
+        scratch = Scratch(model_runner)
+        try:
+            rounds = self.plan_rounds(scratch, forward_batch, states)
+            out, logits, hidden = self.forward_rounds(model_runner, forward_batch, scratch,
+                                                      rounds)
+        finally:
+            scratch.release()
+        positions = forward_batch.positions.view(B, L).long()  # (B, L)
+        seeds = self.settle(states, rounds, logits, hidden, positions)
+        done = self.finish_or_draft(head, host, states, rounds, seeds, positions)
+        next_ids = [state.accepted if d or state.drafts is None else state.drafts.states[0, -1]
+                    for state, d in zip(states, done)]
+        forward_batch.input_ids.copy_(torch.stack(next_ids).view(-1))
+        return (out.logits_output, [row.tolist() for row in next_ids],
+                [L if d else 0 for d in done], [None if d else s for s, d in zip(states, done)],
+                out.can_run_graph)
+
+    def carried_states(self, forward_batch, algo_states) -> list[BlockState]:
+        B, L = forward_batch.batch_size, self.block_size
+        ids = forward_batch.input_ids.view(B, L)
+        prompt = prompt_mask_of(forward_batch, L, self.mask_id)  # (B, L)
+        algo_states = algo_states or [None] * B
+        return [state if state is not None else BlockState(ids[i].clone(), prompt[i])
+                for i, state in enumerate(algo_states)]
+
+    def plan_rounds(self, scratch: Scratch, forward_batch, states: list[BlockState]
+                    ) -> list[Round]:
+        """Verify pending drafts where rows and slots allow; otherwise one row (exact)."""
+        rounds = []
+        for index, state in enumerate(states):
+            if state.drafts is not None and reserve(scratch, forward_batch, index,
+                                                    self.copies - 1, self.block_size):
+                rounds.append(Round(state.drafts.states[0], verifying=True))
+            else:
+                state.drafts = None  # the fallback: a static step from the accepted state
+                rounds.append(Round(state.accepted[None], verifying=False))
+        return rounds
+
+    def forward_rounds(self, model_runner, forward_batch, scratch: Scratch,
+                       rounds: list[Round]):
+        """The one forward of this call: (output, logits (N, L, V), hidden (N, L, H))."""
+        L = self.block_size
+        if not scratch.reservations:
+            own = torch.stack([r.states[-1] for r in rounds])  # (B, L)
+            forward_batch.input_ids.copy_(own.view(-1).to(forward_batch.input_ids.dtype))
+            return run_rows(model_runner, forward_batch, L)
+        rows_ids = torch.cat([r.states for r in rounds])  # (N, L)
+        rows, _ = build_rows_batch(model_runner, forward_batch, scratch.reservations,
+                                   rows_ids, L)
+        return run_rows(model_runner, rows, L)
+
+    def settle(self, states: list[BlockState], rounds: list[Round], logits: torch.Tensor,
+               hidden: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor,
+                                                                            torch.Tensor]]:
+        """Accept drafts per request; return each request's seed (logits (L, V), hidden (L, H))."""
+        seeds, row = [], 0
+        for index, (state, round_) in enumerate(zip(states, rounds)):
+            m = round_.states.shape[0]
+            state.forwards += 1
+            if round_.verifying:
+                n = int(accept(state.drafts, logits[None, row:row + m], state.prompt[None],
+                               self.mask_id, positions[index:index + 1])[0])
+                state.accepted = state.drafts.states[0, n - 1]
+                seeds.append((logits[row + n - 1], hidden[row + n - 1]))
+            else:
+                seeds.append((logits[row], hidden[row]))
+            row += m
+        return seeds
+
+    def finish_or_draft(self, head, host, states: list[BlockState], rounds: list[Round],
+                        seeds, positions: torch.Tensor) -> list[bool]:
+        """Done blocks, stores, and new drafts (one batched head chain) for the rest.
+
+        Draft 1 is the backbone's own pick on the seed, so it is accepted at once: even
+        a request that never gets scratch rows advances one token per forward."""
+        done, to_draft = [], []
+        for index, (state, round_) in enumerate(zip(states, rounds)):
+            state.drafts = None
+            if bool(self.open_positions(state).any()):
+                to_draft.append(index)
+                done.append(False)
+            elif bool((round_.states[-1] == state.accepted).all()):
+                done.append(True)  # the own row forwarded the clean block: its KV is final
+                self.count_block(state)
+            else:
+                done.append(False)  # store: the next round forwards the clean block alone
+        if to_draft:
+            self.draft_for(head, host, [states[i] for i in to_draft],
+                           [seeds[i] for i in to_draft], positions[to_draft])
+        return done
+
+    def open_positions(self, state: BlockState) -> torch.Tensor:
+        return (state.accepted == self.mask_id) & ~state.prompt  # (L,)
+
+    def draft_for(self, head, host, states: list[BlockState], seeds, positions: torch.Tensor
+                  ) -> None:
+        block = torch.stack([s.accepted for s in states])  # (R, L)
+        eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
+        drafts = draft(head, host, torch.stack([logits for logits, _ in seeds]),
+                       torch.stack([hidden for _, hidden in seeds]), block, eligible, positions,
+                       self.copies)
+        for row, state in enumerate(states):
+            state.accepted = drafts.states[row, 0]  # the static pick itself: exact
+            if bool(self.open_positions(state).any()):
+                state.drafts = Drafts(drafts.states[row:row + 1], drafts.valid[row:row + 1])
+
+    def count_block(self, state: BlockState) -> None:
+        self.counts.blocks += 1
+        self.counts.forwards += state.forwards
+        self.counts.tokens += int((~state.prompt).sum())
+        if self.counts.blocks % 16 == 0:
+            log_counts(type(self).__name__, self.counts)
+
+
+def log_counts(name: str, counts: Counts) -> None:
+    log.info("%s: %d blocks, %d tokens in %d forwards (%.3f tokens per forward)", name,
+             counts.blocks, counts.tokens, counts.forwards,
+             counts.tokens / max(counts.forwards, 1))

@@ -1,0 +1,104 @@
+"""Test helpers for the SGLang plugin: skip without SGLang, CPU stand-ins, tiny checkpoints.
+
+`require_sglang()` is called at the top of every test module here, before any SGLang
+import: it skips the module when SGLang is not installed (install it with
+`.ci/install_sglang.sh`), and otherwise installs the CPU import stand-ins in this process
+and exports MRP_SGLANG_CPU_STANDINS so that SGLang's subprocesses install them too
+(through the `.pth` hook the install script writes).
+
+Deliberately not here: expected outputs (every test compares two decoders it runs).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+from pathlib import Path
+
+import pytest
+
+STANDINS = Path(__file__).with_name("cpu_standins.py")
+NEEDS_STANDINS = False  # no real triton here: SGLang's subprocesses need the .pth hook
+HOOK_NAME = "mrp_dlm_sglang_cpu.pth"
+
+
+def require_sglang() -> None:
+    global NEEDS_STANDINS
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("SGLang is not installed (run .ci/install_sglang.sh)", allow_module_level=True)
+    if "MRP_SGLANG_CPU_STANDINS" not in os.environ:
+        NEEDS_STANDINS = importlib.util.find_spec("triton") is None
+    os.environ["MRP_SGLANG_CPU_STANDINS"] = str(STANDINS)
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    runpy.run_path(str(STANDINS))
+
+
+def subprocess_hook_installed() -> bool:
+    """True when the `.pth` hook that installs the stand-ins in SGLang's subprocesses exists."""
+    import site
+
+    return any((Path(d) / HOOK_NAME).is_file() for d in site.getsitepackages())
+
+
+def start_engine(model_path, algorithm: str, config_path, max_running_requests: int = 8):
+    """SGLang's offline Engine on CPU (float32, torch_native attention, token ids only)."""
+    from importlib.metadata import entry_points
+
+    import sglang
+
+    if "mrp" not in {ep.name for ep in entry_points(group="sglang.srt.plugins")}:
+        pytest.fail("the mrp-dlm SGLang plugin is not registered: reinstall with "
+                    "`pip install -e .` (a stale mrp_dlm.egg-info in the checkout shadows it)")
+    if NEEDS_STANDINS and not subprocess_hook_installed():
+        pytest.fail("SGLang's subprocesses need the CPU stand-ins: run .ci/install_sglang.sh")
+
+    return sglang.Engine(model_path=str(model_path), device="cpu",
+                         attention_backend="torch_native", disable_cuda_graph=True,
+                         dtype="float32", skip_tokenizer_init=True, dllm_algorithm=algorithm,
+                         dllm_algorithm_config=str(config_path),
+                         max_running_requests=max_running_requests, mem_fraction_static=0.05,
+                         log_level="info")
+
+
+def stop_engine(engine) -> None:
+    """Shut the engine down, then detach the log handlers SGLang bound to pytest's capture
+    streams (its exit hooks log again after pytest closed them)."""
+    import logging
+    import sys
+
+    engine.shutdown()
+    for logger in (logging.getLogger(), logging.getLogger("sglang")):
+        for handler in list(logger.handlers):
+            stream = getattr(handler, "stream", None)
+            if stream is not None and stream not in (sys.__stdout__, sys.__stderr__):
+                logger.removeHandler(handler)
+
+
+def generate_ids(engine, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy output ids per prompt, decoded together in one batch."""
+    outputs = engine.generate(input_ids=prompts, sampling_params={
+        "max_new_tokens": max_new_tokens, "temperature": 0})
+    return [list(out["output_ids"]) for out in outputs]
+
+
+def trim_after_stop(ids: list[int], stop_ids, limit: int) -> list[int]:
+    """ids cut to `limit`, then after the first stop id (which stays), as our decoder does."""
+    ids = ids[:limit]
+    for index, token in enumerate(ids):
+        if token in stop_ids:
+            return ids[:index + 1]
+    return ids
+
+
+def request_forwards(log_text: str) -> int:
+    """Forwards per request, summed: SGLang logs one 'Prefill batch, #new-seq: n' line per
+    dLLM forward of n requests (extra verify rows are not requests, so not counted)."""
+    import re
+
+    return sum(int(n) for n in re.findall(r"Prefill batch.*?#new-seq: (\d+)", log_text))
+
+
+def tokens_per_forward(outputs: list[list[int]], log_text: str) -> float:
+    """Output tokens per request forward (prefill chunks included), as our stats count."""
+    return sum(len(row) for row in outputs) / max(request_forwards(log_text), 1)

@@ -1,0 +1,228 @@
+"""MrpSpeculative and MrpDirect inside SGLang's algorithm contract, with SGLang's own
+classes (DllmConfig, LowConfidence, ForwardBatch, ReqToTokenPool, the token allocator) and
+a fake model runner (see `fake_engine.py`).
+
+- MrpSpeculative == LowConfidence with threshold 1.0 (static decoding) token for token, for
+  block sizes 4 and 16, K = 1..4, a useless (random) head and a good one (a zero head on a
+  damped backbone, where long draft runs are accepted), several requests of mixed prompt
+  lengths decoded together; with the good head it takes fewer forwards;
+- the one-row static fallback (no rows or slots free for the drafts) is still exact, and
+  every scratch row and slot is returned;
+- MrpDirect with a zero head == static decoding at 1 + K tokens per forward, and equals
+  our own `DecodeConfig(mode="direct")` decoder with a random head;
+- the errors: bad YAML, missing head, fingerprint mismatch (model and block size),
+  sampling requests, and at launch tensor parallelism > 1, --no-dllm-fdfo, no YAML.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_env import require_sglang
+
+require_sglang()
+
+from sglang.srt.dllm.algorithm.low_confidence import LowConfidence  # noqa: E402
+from sglang.srt.dllm.config import DllmConfig  # noqa: E402
+
+from conftest import random_backbone, random_head, tiny_config  # noqa: E402
+from fake_engine import FakeRunner, serve  # noqa: E402
+from mrp_dlm.config import DecodeConfig, HeadConfig  # noqa: E402
+from mrp_dlm.decoding.driver import generate  # noqa: E402
+from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
+from mrp_dlm.model.head import MRPHead  # noqa: E402
+from mrp_dlm.model.head_loading import save_head  # noqa: E402
+from mrp_dlm.model.loading import CheckpointError  # noqa: E402
+from mrp_dlm.serving.config import ServingConfigError  # noqa: E402
+from mrp_dlm.serving.direct import MrpDirect  # noqa: E402
+from mrp_dlm.serving.head_host import (EmbeddingView, HeadHost, LinearView,  # noqa: E402
+                                       load_host_head)
+from mrp_dlm.serving.speculative import MrpSpeculative  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+MASK = 98
+LENGTHS = (3, 8, 5, 12, 1, 9, 17)  # partial blocks, whole blocks, prefill chunks at L=4
+MAX_NEW = {4: 13, 16: 21}  # never a multiple of the block size
+
+
+@functools.lru_cache(maxsize=None)
+def backbone(seed: int, block_size: int, damped: bool):
+    model = random_backbone(tiny_config(block_size=block_size), seed=seed)
+    if damped:  # small attention outputs: a reveal barely moves the other logits
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.mul_(0.15)
+    return model
+
+
+def prompt_of(length: int, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(3000 + seed)
+    return torch.randint(0, 97, (length,), generator=generator).tolist()
+
+
+PROMPTS = [prompt_of(n, i) for i, n in enumerate(LENGTHS)]
+
+
+def host_of_model(model) -> HeadHost:
+    return HeadHost(config=model.config, model=EmbeddingView(model.model.embed_tokens),
+                    lm_head=LinearView(model.lm_head.weight))
+
+
+def saved_head(tmp_path, model, head: MRPHead) -> str:
+    directory = tmp_path / "head"
+    save_head(head, model, directory)
+    return str(directory)
+
+
+def dllm_config(algorithm: str, block_size: int, **algorithm_config) -> DllmConfig:
+    return DllmConfig(algorithm=algorithm, algorithm_config=algorithm_config,
+                      block_size=block_size, mask_id=MASK, max_running_requests=16,
+                      first_done_first_out_mode=True)
+
+
+def runner_with_head(model, block_size: int, head_dir: str | None) -> FakeRunner:
+    parts = None
+    if head_dir is not None:
+        host = host_of_model(model)
+        parts = SimpleNamespace(mrp_host=host, mrp_head=load_host_head(Path(head_dir), host))
+    return FakeRunner(model, block_size, model_parts=parts)
+
+
+@functools.lru_cache(maxsize=None)
+def low_confidence(seed: int, block_size: int, damped: bool) -> tuple[tuple, int]:
+    """(outputs, forwards) of SGLang's LowConfidence at threshold 1.0 on the fake runner."""
+    model = backbone(seed, block_size, damped)
+    runner = FakeRunner(model, block_size)
+    algorithm = LowConfidence(dllm_config("LowConfidence", block_size, threshold=1.0))
+    out = serve(runner, algorithm, PROMPTS, MAX_NEW[block_size], MASK)
+    return tuple(tuple(row) for row in out), runner.forwards
+
+
+def heads(model, seed: int) -> dict[str, MRPHead]:
+    return {"useless": random_head(model, seed),
+            "good": MRPHead(model.config, HeadConfig(num_layers=1)).eval()}
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 3, 4])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_speculative_equals_low_confidence(tmp_path, block_size, lookahead):
+    max_new = MAX_NEW[block_size]
+    for seed, damped in ((0, False), (5, True)):
+        model = backbone(seed, block_size, damped)
+        want, static_forwards = low_confidence(seed, block_size, damped)
+        config = DecodeConfig(block_size=block_size, max_new_tokens=max_new, stop_token_ids=())
+        static = generate(model, PROMPTS, config, make_decoder(config, None)).token_ids
+        assert [list(r) for r in want] == static, "the fake engine's LowConfidence != our static"
+        for name, head in heads(model, seed + lookahead).items():
+            head_dir = saved_head(tmp_path / f"{seed}-{name}", model, head)
+            runner = runner_with_head(model, block_size, head_dir)
+            algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
+                                                   lookahead=lookahead))
+            got = serve(runner, algorithm, PROMPTS, max_new, MASK)
+            assert tuple(tuple(r) for r in got) == want, f"seed {seed} head {name}"
+            assert runner.req_to_token_pool.available_size() == runner.free_rows - len(PROMPTS)
+            if name == "good" and damped:
+                assert runner.forwards < static_forwards, (runner.forwards, static_forwards)
+
+
+def test_fallback_without_free_rows_is_exact(tmp_path):
+    block_size, model = 4, backbone(0, 4, False)
+    want, _ = low_confidence(0, 4, False)
+    head_dir = saved_head(tmp_path, model, random_head(model, 1, norm=0.3))
+    runner = runner_with_head(model, block_size, head_dir)
+    # Room for the two extra rows of one request at a time: the others fall back.
+    taken = runner.req_to_token_pool.alloc_rows(runner.free_rows - len(PROMPTS) - 2)
+    algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
+                                           lookahead=2))
+    got = serve(runner, algorithm, PROMPTS, MAX_NEW[4], MASK)
+    assert tuple(tuple(r) for r in got) == want
+    assert runner.req_to_token_pool.available_size() == 2
+    runner.req_to_token_pool.free_rows(taken)
+
+
+@pytest.mark.parametrize("lookahead", [1, 3])
+def test_direct_with_zero_head_is_static_with_more_tokens_per_step(tmp_path, lookahead):
+    block_size, model = 16, backbone(0, 16, False)
+    max_new = MAX_NEW[block_size]
+    head_dir = saved_head(tmp_path, model, MRPHead(model.config, HeadConfig(num_layers=1)))
+    runner = runner_with_head(model, block_size, head_dir)
+    algorithm = MrpDirect(dllm_config("MrpDirect", block_size, head=head_dir, lookahead=lookahead))
+    got = serve(runner, algorithm, PROMPTS, max_new, MASK)
+    steps = -(-block_size // (1 + lookahead))
+    want = generate(model, PROMPTS, DecodeConfig(block_size=block_size, steps=steps,
+                                                 max_new_tokens=max_new, stop_token_ids=()),
+                    make_decoder(DecodeConfig(), None)).token_ids
+    if block_size % (1 + lookahead) == 0:
+        assert got == want
+
+
+def test_direct_equals_our_direct_decoder(tmp_path):
+    block_size, model = 4, backbone(3, 4, False)
+    head = random_head(model, 7, norm=0.3)
+    head_dir = saved_head(tmp_path, model, head)
+    runner = runner_with_head(model, block_size, head_dir)
+    algorithm = MrpDirect(dllm_config("MrpDirect", block_size, head=head_dir, lookahead=2))
+    got = serve(runner, algorithm, PROMPTS, MAX_NEW[4], MASK)
+    config = DecodeConfig(mode="direct", block_size=block_size, lookahead=2,
+                          max_new_tokens=MAX_NEW[4], stop_token_ids=())
+    want = generate(model, PROMPTS, config, make_decoder(config, runner.model.mrp_head)).token_ids
+    assert got == want
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+def test_config_errors(tmp_path):
+    model = backbone(0, 4, False)
+    head_dir = saved_head(tmp_path, model, random_head(model, 0))
+    with pytest.raises(ServingConfigError, match="unknown key"):
+        MrpSpeculative(dllm_config("MrpSpeculative", 4, head=head_dir, lookahed=3))
+    with pytest.raises(ServingConfigError, match="lacks `head`"):
+        MrpSpeculative(dllm_config("MrpSpeculative", 4, lookahead=3))
+    with pytest.raises(ServingConfigError, match="head directory not found"):
+        MrpSpeculative(dllm_config("MrpSpeculative", 4, head=str(tmp_path / "nope")))
+    with pytest.raises(ServingConfigError, match="lookahead"):
+        MrpSpeculative(dllm_config("MrpSpeculative", 4, head=head_dir, lookahead=0))
+    config = dllm_config("MrpSpeculative", 4, head=head_dir)
+    config.first_done_first_out_mode = False
+    with pytest.raises(ServingConfigError, match="no-dllm-fdfo"):
+        MrpSpeculative(config)
+
+
+def test_head_fingerprint_mismatch(tmp_path):
+    model, other = backbone(0, 4, False), backbone(3, 4, False)
+    head_dir = saved_head(tmp_path, other, random_head(other, 0))
+    with pytest.raises(CheckpointError, match="lm_head_sha256"):
+        load_host_head(tmp_path / "head", host_of_model(model))
+    model16 = backbone(0, 16, False)
+    with pytest.raises(CheckpointError, match="block_size"):
+        load_host_head(tmp_path / "head", host_of_model(model16))
+    assert head_dir
+
+
+def test_sampling_requests_are_refused():
+    greedy = SimpleNamespace(sampling_params=SimpleNamespace(temperature=1.0, top_k=1))
+    sampled = SimpleNamespace(sampling_params=SimpleNamespace(temperature=0.7, top_k=1 << 30))
+    assert MrpSpeculative.validate_request(greedy) is None
+    assert "temperature 0" in MrpSpeculative.validate_request(sampled)
+    assert "temperature 0" in MrpDirect.validate_request(sampled)
+
+
+@pytest.mark.parametrize("algorithm", [MrpSpeculative, MrpDirect])
+def test_launch_errors(algorithm):
+    def args(**changes):
+        return SimpleNamespace(**{"tp_size": 1, "dllm_fdfo": True,
+                                  "dllm_algorithm_config": "mrp.yaml", **changes})
+
+    algorithm.configure_server_args(args())
+    with pytest.raises(ServingConfigError, match="tensor parallelism 1"):
+        algorithm.configure_server_args(args(tp_size=2))
+    with pytest.raises(ServingConfigError, match="no-dllm-fdfo"):
+        algorithm.configure_server_args(args(dllm_fdfo=False))
+    with pytest.raises(ServingConfigError, match="dllm-algorithm-config"):
+        algorithm.configure_server_args(args(dllm_algorithm_config=None))

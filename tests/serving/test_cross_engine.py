@@ -1,0 +1,60 @@
+"""Cross-engine: the embedded model and its MRP head served by SGLang (`MrpSpeculative`,
+real engine on CPU) give the same tokens as our own `mrp generate --mode static` and
+`--mode speculative` (through the Pipeline API) on the same chat prompts, decoded as one
+batch; tokens per forward of each are reported.
+
+Nothing here hard-codes an output: the shipped model and head may be retrained; the test
+compares the engines on whatever is shipped. One engine start-up.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_env import (generate_ids, require_sglang, start_engine, stop_engine,
+                        tokens_per_forward, trim_after_stop)
+
+require_sglang()
+
+from mrp_dlm.config import DecodeConfig  # noqa: E402
+from mrp_dlm.pipeline import Pipeline, embedded_head_dir, embedded_model_dir  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+PROMPTS = ["What is 12 + 7?", "Tom has 3 apples and buys 4 more. How many apples does he have?",
+           "What is 6 * 8?", "Write a Python function that adds two numbers."]
+MAX_NEW = 40
+LOOKAHEAD = 3
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    if not (embedded_head_dir() / "config.json").is_file():
+        pytest.skip("this install has no embedded MRP head")
+    return Pipeline.load()
+
+
+def test_sglang_speculative_equals_our_static_and_speculative(pipeline, tmp_path, capfd):
+    ids = [pipeline.encode(prompt, chat=True) for prompt in PROMPTS]
+    static = pipeline.generate(PROMPTS, DecodeConfig(mode="static", max_new_tokens=MAX_NEW),
+                               chat=True)
+    ours = pipeline.generate(PROMPTS, DecodeConfig(mode="speculative", lookahead=LOOKAHEAD,
+                                                   max_new_tokens=MAX_NEW), chat=True)
+    assert ours.token_ids == static.token_ids
+    config = tmp_path / "mrp.yaml"
+    config.write_text(f"head: {embedded_head_dir()}\nlookahead: {LOOKAHEAD}\n")
+    engine = start_engine(embedded_model_dir(), "MrpSpeculative", config)
+    try:
+        capfd.readouterr()
+        served = generate_ids(engine, ids, MAX_NEW)
+        log_text = capfd.readouterr().err
+    finally:
+        stop_engine(engine)
+    stops = pipeline.model.config.stop_token_ids
+    served = [trim_after_stop(row, stops, MAX_NEW) for row in served]
+    for index, (got, want) in enumerate(zip(served, static.token_ids)):
+        assert got == want, f"prompt {index}: SGLang {got}\n ours {want}"
+    rate = tokens_per_forward(served, log_text)
+    print(f"tokens per forward: ours static {static.stats.tokens_per_forward:.3f}, "
+          f"ours speculative {ours.stats.tokens_per_forward:.3f}, "
+          f"SGLang MrpSpeculative {rate:.3f}")

@@ -1,0 +1,91 @@
+"""The real SGLang engine on CPU (stand-ins for triton, torchvision and sgl_kernel) with a
+tiny random SDAR model and an MRP head: `MrpSpeculative` == `LowConfidence` at threshold
+1.0, token for token, each prompt solo and all prompts batched; and both == our own static
+decoder on the same checkpoint. The backbone's attention
+is damped and the head is a fresh (zero) one, so that long draft runs are accepted and
+the verify rows really carry several candidates.
+
+Two engine start-ups in all (one per algorithm); each serves the solo and batched runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_env import (generate_ids, require_sglang, start_engine, stop_engine,
+                        tokens_per_forward, trim_after_stop)
+
+require_sglang()
+
+from conftest import random_backbone, tiny_config  # noqa: E402
+from mrp_dlm.config import DecodeConfig, HeadConfig  # noqa: E402
+from mrp_dlm.decoding.driver import generate  # noqa: E402
+from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
+from mrp_dlm.model.loading import load_backbone  # noqa: E402
+from mrp_dlm.model.head import MRPHead  # noqa: E402
+from mrp_dlm.model.head_loading import save_head  # noqa: E402
+from mrp_dlm.model.loading import save_backbone  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+LENGTHS = (3, 8, 5, 13, 1)
+MAX_NEW = 14
+
+
+def prompt_of(length: int, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(4000 + seed)
+    return torch.randint(0, 97, (length,), generator=generator).tolist()
+
+
+PROMPTS = [prompt_of(n, i) for i, n in enumerate(LENGTHS)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sglang-tiny")
+    model = random_backbone(tiny_config(stop_token_ids=(97,)), seed=1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.15)
+    save_backbone(model, root / "model")
+    save_head(MRPHead(model.config, HeadConfig(num_layers=1)), model, root / "head")
+    (root / "mrp.yaml").write_text(f"head: {root / 'head'}\nlookahead: 3\n")
+    (root / "low.yaml").write_text("threshold: 1.0\n")
+    return root
+
+
+def our_static(checkpoint) -> list[list[int]]:
+    """Our own greedy static decode of the saved checkpoint (one token per step)."""
+    config = DecodeConfig(max_new_tokens=MAX_NEW)
+    model = load_backbone(checkpoint / "model")
+    return generate(model, PROMPTS, config, make_decoder(config, None)).token_ids
+
+
+def serve_solo_and_batched(checkpoint, algorithm: str, config: str, capfd):
+    """(solo outputs, batched outputs, tokens per forward of the batched run)."""
+    engine = start_engine(checkpoint / "model", algorithm, checkpoint / config)
+    try:
+        solo = [generate_ids(engine, [prompt], MAX_NEW)[0] for prompt in PROMPTS]
+        capfd.readouterr()
+        batched = generate_ids(engine, PROMPTS, MAX_NEW)
+        rate = tokens_per_forward(batched, capfd.readouterr().err)
+    finally:
+        stop_engine(engine)
+    return solo, batched, rate
+
+
+def test_speculative_equals_low_confidence_solo_and_batched(checkpoint, capfd):
+    low_solo, low_batched, low_rate = serve_solo_and_batched(checkpoint, "LowConfidence",
+                                                             "low.yaml", capfd)
+    assert low_solo == low_batched
+    assert all(len(row) > 0 for row in low_solo)
+    spec_solo, spec_batched, spec_rate = serve_solo_and_batched(checkpoint, "MrpSpeculative",
+                                                                "mrp.yaml", capfd)
+    assert spec_solo == low_solo
+    assert spec_batched == low_batched
+    ours = our_static(checkpoint)
+    assert [trim_after_stop(row, (97,), MAX_NEW) for row in low_batched] == ours
+    assert spec_rate > low_rate, "the zero head on a damped backbone gained nothing"
+    print(f"tokens per forward on the real engine: LowConfidence {low_rate:.3f}, "
+          f"MrpSpeculative {spec_rate:.3f}")
