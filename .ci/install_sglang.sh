@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs SGLang 0.5.23 for the CPU tests of the mrp-dlm plugin (tests/serving), without
-# touching torch: SGLang pins a CUDA torch, so it and everything it imports go in with
-# --no-deps, pinned as SGLang pins them (the rest at the versions these tests ran with).
+# touching torch: SGLang pins a CUDA torch, so SGLang and the packages that require torch go
+# in with --no-deps; what else it imports goes in with its dependencies, under a constraint
+# that keeps torch at the installed version (2.13.0 CPU on a fresh machine), pinned as
+# SGLang pins them (the rest at the versions these tests ran with).
 # Then writes a .pth hook that installs the CPU import stand-ins (triton, torchvision,
 # sgl_kernel; see tests/serving/cpu_standins.py) in every Python process, SGLang's
 # subprocesses included, but only when MRP_SGLANG_CPU_STANDINS names that file (the tests
@@ -23,7 +25,7 @@ PACKAGES=(
   aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1
   aiosignal==1.4.0 frozenlist==1.8.0
   pydantic orjson requests psutil pyyaml pillow huggingface-hub regex anyio h11 sniffio
-  filelock packaging scipy jsonschema safetensors tokenizers transformers numpy tqdm
+  filelock packaging scipy jsonschema safetensors tokenizers transformers numpy tqdm ipython
 )
 
 missing=$("$PY" - "${PACKAGES[@]}" <<'PYEOF'
@@ -40,9 +42,28 @@ for spec in sys.argv[1:]:
 PYEOF
 )
 if [ -n "$missing" ]; then
-  echo "install_sglang: installing $(echo $missing | wc -w) package(s) with --no-deps"
-  # shellcheck disable=SC2086
-  "$PY" -m pip install --no-deps $missing
+  # Packages that require (CUDA) torch go in without their dependencies; the rest with
+  # theirs (a fresh machine has none of them), under a constraint that keeps torch as is.
+  nodeps=$(printf '%s\n' $missing | grep -E '^(sglang|xgrammar|compressed-tensors)==' || true)
+  withdeps=$(printf '%s\n' $missing | grep -vE '^(sglang|xgrammar|compressed-tensors)==' || true)
+  constraints=$(mktemp)
+  "$PY" - > "$constraints" <<'PYEOF'
+from importlib.metadata import PackageNotFoundError, version
+try:
+    print(f"torch=={version('torch').split('+')[0]}")
+except PackageNotFoundError:
+    print("torch==2.13.0")
+PYEOF
+  echo "install_sglang: installing $(echo $missing | wc -w) package(s)"
+  if [ -n "$withdeps" ]; then
+    # shellcheck disable=SC2086
+    "$PY" -m pip install -c "$constraints" $withdeps
+  fi
+  if [ -n "$nodeps" ]; then
+    # shellcheck disable=SC2086
+    "$PY" -m pip install --no-deps $nodeps
+  fi
+  rm -f "$constraints"
 else
   echo "install_sglang: SGLang 0.5.23 and its imports are already installed"
 fi
