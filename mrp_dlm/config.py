@@ -180,6 +180,28 @@ BACKBONE_PRESETS: dict[str, dict[str, int | bool]] = {
 }
 
 
+def check_at_least_one(config: object, names: tuple[str, ...]) -> None:
+    """Raise ValueError naming the first of the integer fields `names` that is below 1."""
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
+
+
+def check_optimiser_fields(config: "TrainConfig | HeadTrainConfig") -> None:
+    """The checks both training configs share: schedule, regularisation, seed and device."""
+    if config.lr <= 0:
+        raise ValueError(f"lr must be > 0, got {config.lr}")
+    if not 0.0 <= config.warmup_frac < 1.0:
+        raise ValueError(f"warmup_frac must be in [0, 1), got {config.warmup_frac}")
+    if not 0.0 <= config.min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio must be in [0, 1], got {config.min_lr_ratio}")
+    for name in ("weight_decay", "grad_clip", "seed"):
+        if getattr(config, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(config, name)}")
+    if config.device != "cpu" and not config.device.startswith("cuda"):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {config.device!r}")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """SDAR block-diffusion training of a backbone: model, data, optimiser, checkpoints."""
@@ -212,29 +234,14 @@ class TrainConfig:
         if self.preset not in BACKBONE_PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of "
                              f"{', '.join(BACKBONE_PRESETS)}")
-        for name in ("block_size", "train_examples", "seq_len", "batch_size", "steps",
-                     "log_every", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_at_least_one(self, ("block_size", "train_examples", "seq_len", "batch_size",
+                                  "steps", "log_every", "save_every"))
         if self.seq_len % self.block_size:
             raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of block_size "
                              f"({self.block_size})")
         if not [name for name in self.tasks.split(",") if name.strip()]:
             raise ValueError("tasks must name at least one task")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0.0 <= self.warmup_frac < 1.0:
-            raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.grad_clip < 0:
-            raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.device != "cpu" and not self.device.startswith("cuda"):
-            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        check_optimiser_fields(self)
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
 
@@ -281,10 +288,9 @@ class HeadTrainConfig:
     def __post_init__(self) -> None:
         if not self.model or not self.out:
             raise ValueError("model and out must name directories")
-        for name in ("head_layers", "lookahead", "reveal_max", "train_examples", "eval_examples",
-                     "seq_len", "batch_size", "steps", "eval_every", "log_every", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_at_least_one(self, ("head_layers", "lookahead", "reveal_max", "train_examples",
+                                  "eval_examples", "seq_len", "batch_size", "steps", "eval_every",
+                                  "log_every", "save_every"))
         if self.reveal_rule not in REVEAL_RULES:
             raise ValueError(f"unknown reveal_rule {self.reveal_rule!r}; choose one of "
                              f"{', '.join(REVEAL_RULES)}")
@@ -293,15 +299,9 @@ class HeadTrainConfig:
                              f"({self.seq_len})")
         if not self.task_names:
             raise ValueError("tasks must name at least one task")
-        if self.init_std <= 0 or self.lr <= 0:
-            raise ValueError(f"init_std and lr must be > 0, got {self.init_std}, {self.lr}")
-        if not 0.0 <= self.warmup_frac < 1.0 or not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"warmup_frac must be in [0, 1) and min_lr_ratio in [0, 1], got "
-                             f"{self.warmup_frac}, {self.min_lr_ratio}")
-        if self.weight_decay < 0 or self.grad_clip < 0 or self.seed < 0:
-            raise ValueError("weight_decay, grad_clip and seed must be >= 0")
-        if self.device != "cpu" and not self.device.startswith("cuda"):
-            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.init_std <= 0:
+            raise ValueError(f"init_std must be > 0, got {self.init_std}")
+        check_optimiser_fields(self)
 
     @property
     def task_names(self) -> tuple[str, ...]:
