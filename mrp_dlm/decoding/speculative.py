@@ -33,7 +33,7 @@ from mrp_dlm.model.head import MRPHead
 GREEDY = SamplingConfig()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Drafts:
     states: torch.Tensor  # (B, M, L) candidate block states S_1 .. S_M
     valid: torch.Tensor  # (B, M) bool, the draft revealed a position
@@ -46,41 +46,54 @@ def static_pick(logits: torch.Tensor, eligible: torch.Tensor, mask_token_id: int
     return select_static(proposal.confidence, eligible, 1), proposal.tokens
 
 
+def draft(head: MRPHead, backbone, seed_logits: torch.Tensor, seed_hidden: torch.Tensor,
+          block: torch.Tensor, eligible: torch.Tensor, positions: torch.Tensor, copies: int,
+          mask_token_id: int) -> Drafts:
+    """Draft 1: the static pick on the seed logits (B, L, V); drafts 2..M: chained head steps.
+
+    backbone: what `head.advance` reads the embedding and lm_head from (our `Backbone`, or
+    the serving plugin's `HeadHost`); seed_hidden: (B, L, H) its hidden of `block` (B, L);
+    eligible: (B, L) positions the static rule may reveal; positions: (B, L) absolute
+    positions of the block. Runs copies - 1 head steps.
+    """
+    logits, accumulator, state = seed_logits, seed_hidden, block
+    states, valid = [], []
+    for index in range(copies):
+        commit, tokens = static_pick(logits, eligible, mask_token_id, positions)  # (B, L)
+        state = torch.where(commit, tokens, state)  # (B, L)
+        states.append(state)
+        valid.append(commit.any(dim=1))
+        eligible = eligible & ~commit
+        if index + 1 < copies:
+            accumulator = head.advance(backbone, state, accumulator, positions)  # (B, L, H)
+            logits = backbone.logits(accumulator)  # (B, L, V): A + sum C
+    return Drafts(states=torch.stack(states, dim=1), valid=torch.stack(valid, dim=1))
+
+
+def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_token_id: int,
+           positions: torch.Tensor) -> torch.Tensor:
+    """Drafts accepted per row (B,): 1 + the leading head drafts the backbone agrees with.
+
+    logits: (B, M, L, V) backbone logits of the verify states S_1 .. S_M; frozen: (B, L)
+    bool positions the static rule never reveals (prompt, finished rows). Draft j + 1
+    stands while the backbone's own static pick on S_j reveals the same position with the
+    same token.
+    """
+    B, M, L = drafts.states.shape
+    states = drafts.states[:, :-1].reshape(B * (M - 1), L)  # S_1 .. S_K as rows
+    rows_logits = logits[:, :-1].reshape(B * (M - 1), L, -1)  # (B*K, L, V)
+    eligible = (states == mask_token_id) & ~frozen.repeat_interleave(M - 1, dim=0)  # (B*K, L)
+    commit, tokens = static_pick(rows_logits, eligible, mask_token_id,
+                                 positions.repeat_interleave(M - 1, dim=0))
+    backbone_next = torch.where(commit, tokens, states).view(B, M - 1, L)  # its S_{j+1}
+    agree = (backbone_next == drafts.states[:, 1:]).all(dim=2) & drafts.valid[:, 1:]  # (B, K)
+    return drafts.valid[:, 0].long() * (1 + agree.long().cumprod(dim=1).sum(dim=1))
+
+
 class SpeculativeDecoder:
     def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
         self.config, self.head = config, head
         self.copies = config.lookahead + 1
-
-    def draft(self, context: BlockContext, block: torch.Tensor, seed: BackboneStep,
-              eligible: torch.Tensor) -> Drafts:
-        """Draft 1 from the seed logits, drafts 2..M from chained head steps."""
-        mask_id, model = context.schedule.mask_token_id, context.model
-        logits, accumulator, state = seed.logits, seed.hidden, block
-        states, valid = [], []
-        for index in range(self.copies):
-            commit, tokens = static_pick(logits, eligible, mask_id, context.positions)
-            state = torch.where(commit, tokens, state)  # (B, L)
-            states.append(state)
-            valid.append(commit.any(dim=1))
-            eligible = eligible & ~commit
-            if index + 1 < self.copies:
-                accumulator = self.head.advance(model, state, accumulator, context.positions)
-                context.counters.stats.head_forwards += 1
-                logits = model.logits(accumulator)  # (B, L, V): A + sum C
-        return Drafts(states=torch.stack(states, dim=1), valid=torch.stack(valid, dim=1))
-
-    def accept(self, context: BlockContext, drafts: Drafts, check: BackboneStep) -> torch.Tensor:
-        """Drafts accepted per row (B,): 1 + the leading head drafts the backbone agrees with."""
-        B, M, L = drafts.states.shape
-        mask_id = context.schedule.mask_token_id
-        states = drafts.states[:, :-1].reshape(B * (M - 1), L)  # S_1 .. S_K as rows
-        logits = check.logits.view(B, M, L, -1)[:, :-1].reshape(B * (M - 1), L, -1)
-        eligible = (states == mask_id) & context.active.repeat_interleave(M - 1)[:, None]
-        positions = context.positions.repeat_interleave(M - 1, dim=0)  # (B*K, L)
-        commit, tokens = static_pick(logits, eligible, mask_id, positions)
-        backbone_next = torch.where(commit, tokens, states).view(B, M - 1, L)  # its S_{j+1}
-        agree = (backbone_next == drafts.states[:, 1:]).all(dim=2) & drafts.valid[:, 1:]  # (B, K)
-        return drafts.valid[:, 0].long() * (1 + agree.long().cumprod(dim=1).sum(dim=1))
 
     def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
         B, L = block.shape
@@ -89,9 +102,14 @@ class SpeculativeDecoder:
             eligible = context.eligible(block)  # (B, L)
             if not bool(eligible.any()):
                 break
-            drafts = self.draft(context, block, seed, eligible)
+            mask_id = context.schedule.mask_token_id
+            drafts = draft(self.head, context.model, seed.logits, seed.hidden, block, eligible,
+                           context.positions, self.copies, mask_id)
+            context.counters.stats.head_forwards += self.copies - 1
             check = context.verify(drafts.states.view(B, self.copies * L))
-            accepted = self.accept(context, drafts, check)  # (B,)
+            frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
+            accepted = accept(drafts, check.logits.view(B, self.copies, L, -1), frozen, mask_id,
+                              context.positions)  # (B,)
             context.counters.add_rounds((accepted - 1).clamp_min(0), drafts.valid[:, 0])
             drafted = torch.arange(self.copies, device=block.device) < accepted[:, None]  # (B, M)
             context.counters.add_commits(drafts.valid & drafted)

@@ -7,7 +7,7 @@ point (`plugin.load`). Module map:
   base.py          shared by both algorithms: launch and request errors, one forward
   speculative.py   MrpSpeculative (lossless; == LowConfidence threshold 1.0)
   direct.py        MrpDirect (lossy, up to 1 + K tokens per forward)
-  steps.py         draft / accept / direct commits, pure tensor functions
+  steps.py         direct commits, a pure tensor function (draft / accept: decoding/)
   verify_batch.py  K + 1 candidates as extra rows of one forward (SGLang internals, gated)
   head_host.py     the head on an SGLang model's shared weights; fingerprint-checked loading
   sdar_config.py   model_type `sdar` for transformers

@@ -3,7 +3,7 @@
 Each `run()` does one forward in which every request has one or more rows:
 - a request with drafts pending verifies them all: its candidates S_1 .. S_M (M = K + 1)
   as extra rows plus its own row carrying S_M (see `verify_batch.py`); it accepts n >= 1
-  drafts (`steps.accept`), and the verify slice of S_n is the next seed;
+  drafts (`decoding.speculative.accept`), and the verify slice of S_n is the next seed;
 - any other request (a fresh block, a finished block to store, or one whose scratch rows
   or slots ran short: the one-row static fallback) forwards its accepted state alone,
   which gives the seed.
@@ -18,8 +18,8 @@ Scratch rows and slots are freed inside the same call. Acceptance is per request
 request waits for another. Every committed token is the backbone's own static pick, so
 the output equals `LowConfidence` with threshold 1.0, token for token.
 
-Deliberately not here: the pure draft/accept phases (see `steps.py`) and SGLang batch
-surgery (see `verify_batch.py`).
+Deliberately not here: the pure draft/accept phases (shared with the library decoder, see
+`decoding/speculative.py`) and SGLang batch surgery (see `verify_batch.py`).
 
 Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidates.
 """
@@ -32,8 +32,8 @@ from typing import Optional
 
 import torch
 
+from mrp_dlm.decoding.speculative import Drafts, accept, draft
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
-from mrp_dlm.serving.steps import Drafts, accept, draft
 from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class MrpSpeculative(MrpAlgorithm):
         eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
         drafts = draft(head, host, torch.stack([logits for logits, _ in seeds]),
                        torch.stack([hidden for _, hidden in seeds]), block, eligible, positions,
-                       self.copies)
+                       self.copies, self.mask_id)
         for row, state in enumerate(states):
             state.accepted = drafts.states[row, 0]  # the static pick itself: exact
             if bool(self.open_positions(state).any()):

@@ -1,11 +1,15 @@
 """Held-out metrics of an MRP head: how well A + sum C predicts the backbone's next logits.
 
 The held-out set is fixed: the tasks' test-split samples, packed in order, each row noised
-with a seed of its own (so the set does not depend on the batch size or the number of
-processes). Evaluation always reveals with the static rule, one position per block per
-step: the backbone's own pick, i.e. the trajectory that greedy static decoding and every
-accepted speculative draft follow. Per lookahead step k it reports, over the positions
-still masked after the step's reveal:
+(and given random reveal priorities) with a seed of its own, so the set does not depend on
+the batch size or the number of processes. Evaluation reveals one position per block per
+step with either rule:
+- static: the backbone's own pick, i.e. the trajectory that greedy static decoding and
+  every accepted speculative draft follow. The revealed token is the one the backbone was
+  already most sure of, so the other positions barely move (a small signal);
+- random: a random masked position with its ground-truth token, the training objective's
+  reveal, on held-out data.
+Per lookahead step k it reports, over the positions still masked after the step's reveal:
 - kl_base      mean KL(B_k || A): the signal, what a head that predicts no change leaves;
 - kl_residual  mean KL(B_k || A + sum C): what the head leaves;
 - argmax_agreement  argmax(A + sum C) == argmax(B_k);
@@ -41,12 +45,14 @@ from mrp_dlm.training.noise import NoisyBatch, add_noise
 
 STEP_METRICS = ("kl_base", "kl_residual", "argmax_agreement", "pick_agreement",
                 "base_pick_agreement")
+EVAL_RULES = ("static", "random")  # reveal rules the metrics can be computed under
 
 
 @dataclass(frozen=True)
 class HeldOutBatch:
     batch: PackedBatch  # (B, T) x_0 rows
     noisy: NoisyBatch  # (B, T) their fixed noise
+    keys: torch.Tensor  # (K, B, T) float32 fixed priorities of the random reveal rule
 
 
 def noise_rows(batch: PackedBatch, row_ids: Sequence[int], seed: int,
@@ -58,6 +64,14 @@ def noise_rows(batch: PackedBatch, row_ids: Sequence[int], seed: int,
              for b, row in enumerate(row_ids)]
     return NoisyBatch(*(torch.cat([getattr(p, name) for p in parts])  # (B, T)
                         for name in ("noisy_ids", "masked", "mask_rate")))
+
+
+def reveal_keys(batch: PackedBatch, row_ids: Sequence[int], seed: int,
+                lookahead: int) -> torch.Tensor:
+    """(K, B, T) random reveal priorities, row b's drawn with a seed derived from row_ids[b]."""
+    T = batch.input_ids.shape[1]
+    return torch.cat([torch.rand(lookahead, 1, T, generator=torch.Generator().manual_seed(
+        derive_seed(seed, "held-out-reveals", row))) for row in row_ids], dim=1)
 
 
 def build_held_out(samples: Sequence[Sample], config: HeadTrainConfig, special: SpecialIds,
@@ -73,8 +87,10 @@ def build_held_out(samples: Sequence[Sample], config: HeadTrainConfig, special: 
         chosen = mine[first:first + config.batch_size]
         batch = collate_rows(kept, [rows[r] for r in chosen], seq_len, special.pad)
         noisy = noise_rows(batch, chosen, config.seed, special.mask)
-        batches.append(map_record(HeldOutBatch(batch, noisy),
-                                  lambda part: map_record(part, lambda t: t.to(world.device))))
+        keys = reveal_keys(batch, chosen, config.seed, config.lookahead)
+        batches.append(HeldOutBatch(map_record(batch, lambda t: t.to(world.device)),
+                                    map_record(noisy, lambda t: t.to(world.device)),
+                                    keys.to(world.device)))
     return batches
 
 
@@ -107,11 +123,13 @@ def step_sums(still: torch.Tensor, base: torch.Tensor, next_logits: torch.Tensor
 
 @torch.no_grad()
 def evaluate_head(head: nn.Module, backbone: Backbone, held_out: Sequence[HeldOutBatch],
-                  lookahead: int, world: World) -> dict:
+                  lookahead: int, world: World, rule: str = "static") -> dict:
     """Metrics over the whole held-out set (summed over processes): lists of K values.
 
-    Runs in the caller's autocast context, if any.
+    rule: how each step reveals (`EVAL_RULES`). Runs in the caller's autocast context, if any.
     """
+    if rule not in EVAL_RULES:
+        raise ValueError(f"unknown reveal rule {rule!r}; choose one of {', '.join(EVAL_RULES)}")
     device = backbone.lm_head.weight.device
     mask_id = backbone.config.mask_token_id
     sums = torch.zeros(lookahead, 7, dtype=torch.float64)  # (K, 7)
@@ -119,8 +137,8 @@ def evaluate_head(head: nn.Module, backbone: Backbone, held_out: Sequence[HeldOu
     for part in held_out:
         blocks, context = encode_batch(backbone, part.batch, part.noisy)
         N, L = blocks.tokens.shape
-        plan = RevealPlan("static", torch.zeros(lookahead, N, L, device=device),
-                          torch.ones(lookahead, N, dtype=torch.int64, device=device))
+        keys = torch.stack([context.layout.take(k) for k in part.keys[:lookahead]])  # (K, N, L)
+        plan = RevealPlan(rule, keys, torch.ones(lookahead, N, dtype=torch.int64, device=device))
         agreed = torch.ones(N, dtype=torch.bool, device=device)  # (N,) all picks so far agree
         for k, step in enumerate(chain_steps(head, backbone, blocks, context, plan)):
             base = backbone.logits(blocks.base_hidden[step.still])  # (M, V)

@@ -22,6 +22,7 @@ from mrp_dlm.model.loading import CheckpointError, load_backbone, save_backbone
 from mrp_dlm.training import head_loop
 from mrp_dlm.training.data import Sample, collate_rows, task_texts
 from mrp_dlm.training.head_batch import encode_batch, run_blocks
+from mrp_dlm.training.head_eval import evaluate_head
 from mrp_dlm.training.head_loss import (RevealPlan, chain_loss, chain_steps, choose_reveals,
                                         residual_kl)
 from mrp_dlm.training.masks import build_dual_inputs, select_noisy_slots
@@ -245,6 +246,9 @@ def test_training_run_writes_head_logs_and_metrics(model_dir, tmp_path):
         assert len(metrics[-1][key]) == 2, key  # one value per lookahead step
     assert 0 <= metrics[-1]["accepted_drafts"] <= 2
     assert metrics[-1]["kl_residual"][0] < metrics[-1]["kl_base"][0], metrics
+    random = metrics[-1]["random_reveal"]  # the same metrics, training's reveal rule
+    assert random["positions"] == metrics[-1]["positions"]  # one reveal per block either way
+    assert len(random["kl_base"]) == 2 and random["kl_base"] != metrics[-1]["kl_base"]
     head = load_head(out, load_backbone(model_dir))
     assert head.config == HeadConfig(num_layers=1, init_std=0.02)
 
@@ -310,10 +314,17 @@ def test_two_process_ddp_matches_one_process(model_dir, tmp_path):
     one, two = (read_jsonl(out / "metrics.jsonl")[-1] for out in (single, double_out))
     assert one["positions"] == two["positions"]
     assert two["kl_residual"] == pytest.approx(one["kl_residual"], rel=1e-4)
+    assert two["random_reveal"]["kl_residual"] == pytest.approx(
+        one["random_reveal"]["kl_residual"], rel=1e-4)  # reveal keys are per row, not per rank
     expected, actual = (load_file(str(out / "model.safetensors")) for out in (single, double_out))
     for name in expected:
         diff = (expected[name] - actual[name]).abs().max().item()
         assert diff < 1e-5, f"{name}: max diff {diff:.2e} (tolerance 1e-5)"
+
+
+def test_evaluation_rejects_an_unknown_reveal_rule():
+    with pytest.raises(ValueError, match="unknown reveal rule 'best'"):
+        evaluate_head(None, None, [], 1, None, rule="best")
 
 
 def test_bad_inputs_give_clear_errors(model_dir, tmp_path):
