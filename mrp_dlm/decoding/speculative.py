@@ -97,12 +97,12 @@ class SpeculativeDecoder:
 
     def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
         B, L = block.shape
+        mask_id = context.schedule.mask_token_id
         seed = context.denoise(block)
         for _ in range(L):
             eligible = context.eligible(block)  # (B, L)
             if not bool(eligible.any()):
                 break
-            mask_id = context.schedule.mask_token_id
             drafts = draft(self.head, context.model, seed.logits, seed.hidden, block, eligible,
                            context.positions, self.copies, mask_id)
             context.counters.stats.head_forwards += self.copies - 1
