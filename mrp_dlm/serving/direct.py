@@ -1,11 +1,13 @@
 """`MrpDirect`: direct MRP decoding (lossy, tunable) as an SGLang dLLM algorithm (FDFO).
 
 Per forward and request: the static pick from the backbone logits, then K head steps,
-each committing one more token from A + sum C, unverified (`steps.commit_direct`): up to
-1 + K tokens per forward. The block is done at the first forward that sees it without
-masks (that forward wrote its clean KV), exactly as `LowConfidence` finishes a block.
+each committing one more token from A + sum C, unverified (`commit_direct`, which mirrors
+`decoding/direct.py`, greedy, on one row per request): up to 1 + K tokens per forward.
+The block is done at the first forward that sees it without masks (that forward wrote its
+clean KV), exactly as `LowConfidence` finishes a block.
 
-Deliberately not here: the head steps themselves (see `steps.py`).
+Deliberately not here: SGLang batch surgery (see `verify_batch.py`); the head's weights
+(see `head_host.py`).
 
 Shapes: B requests, L block size, H hidden, V vocab.
 """
@@ -14,8 +16,26 @@ from __future__ import annotations
 
 import torch
 
+from mrp_dlm.decoding.speculative import static_pick
+from mrp_dlm.model.head import MRPHead
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
-from mrp_dlm.serving.steps import commit_direct
+from mrp_dlm.serving.head_host import HeadHost
+
+
+def commit_direct(head: MRPHead, host: HeadHost, logits: torch.Tensor, hidden: torch.Tensor,
+                  block: torch.Tensor, eligible: torch.Tensor, positions: torch.Tensor,
+                  lookahead: int) -> torch.Tensor:
+    """Direct MRP: the static pick from the backbone logits (B, L, V), then `lookahead` head
+    steps, each committing one more token from A + sum C, unverified. Returns (B, L)."""
+    commit, tokens = static_pick(logits, eligible, host.mask_id, positions)
+    block = torch.where(commit, tokens, block)  # (B, L)
+    accumulator = hidden  # (B, L, H): h_A, then h_A + sum h_C
+    for _ in range(lookahead):
+        eligible = eligible & ~commit
+        accumulator = head.advance(host, block, accumulator, positions)
+        commit, tokens = static_pick(host.logits(accumulator), eligible, host.mask_id, positions)
+        block = torch.where(commit, tokens, block)
+    return block
 
 
 class MrpDirect(MrpAlgorithm):
