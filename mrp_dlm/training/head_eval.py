@@ -38,7 +38,7 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.training.data import (PackedBatch, Sample, SpecialIds, collate_rows, derive_seed,
                                    pack_rows)
 from mrp_dlm.training.distributed import World, all_sum, map_record
-from mrp_dlm.training.head_batch import encode_batch
+from mrp_dlm.training.head_batch import CleanContext, NoisyBlocks, encode_batch
 from mrp_dlm.training.head_loss import RevealPlan, chain_steps, confidence_grid, residual_kl
 from mrp_dlm.training.losses import without_mask_token
 from mrp_dlm.training.noise import NoisyBatch, add_noise
@@ -121,33 +121,29 @@ def step_sums(still: torch.Tensor, base: torch.Tensor, next_logits: torch.Tensor
     return sums, agree
 
 
-@torch.no_grad()
-def evaluate_head(head: nn.Module, backbone: Backbone, held_out: Sequence[HeldOutBatch],
-                  lookahead: int, world: World, rule: str = "static") -> dict:
-    """Metrics over the whole held-out set (summed over processes): lists of K values.
+def rule_sums(head: nn.Module, backbone: Backbone, blocks: NoisyBlocks, context: CleanContext,
+              keys: torch.Tensor, rule: str, sums: torch.Tensor, accepted: torch.Tensor) -> None:
+    """Add one part's per-step sums (K, 7) and accepted drafts / blocks (2,) under `rule`.
 
-    rule: how each step reveals (`EVAL_RULES`). Runs in the caller's autocast context, if any.
+    keys: (K, N, L) random reveal priorities of the part's blocks (read by the random rule).
     """
-    if rule not in EVAL_RULES:
-        raise ValueError(f"unknown reveal rule {rule!r}; choose one of {', '.join(EVAL_RULES)}")
-    device = backbone.lm_head.weight.device
-    mask_id = backbone.config.mask_token_id
-    sums = torch.zeros(lookahead, 7, dtype=torch.float64)  # (K, 7)
-    accepted = torch.zeros(2, dtype=torch.float64)  # accepted drafts, blocks
-    for part in held_out:
-        blocks, context = encode_batch(backbone, part.batch, part.noisy)
-        N, L = blocks.tokens.shape
-        keys = torch.stack([context.layout.take(k) for k in part.keys[:lookahead]])  # (K, N, L)
-        plan = RevealPlan(rule, keys, torch.ones(lookahead, N, dtype=torch.int64, device=device))
-        agreed = torch.ones(N, dtype=torch.bool, device=device)  # (N,) all picks so far agree
-        for k, step in enumerate(chain_steps(head, backbone, blocks, context, plan)):
-            base = backbone.logits(blocks.base_hidden[step.still])  # (M, V)
-            step_sum, agree = step_sums(step.still, base, step.next_logits,
-                                        step.corrected_logits, mask_id)
-            sums[k] += step_sum
-            agreed &= agree
-            accepted[0] += float(agreed.sum())
-            accepted[1] += float(step.still.any(dim=1).sum()) if k == 0 else 0.0
+    lookahead, N, _ = keys.shape
+    device, mask_id = keys.device, backbone.config.mask_token_id
+    plan = RevealPlan(rule, keys, torch.ones(lookahead, N, dtype=torch.int64, device=device))
+    agreed = torch.ones(N, dtype=torch.bool, device=device)  # (N,) all picks so far agree
+    for k, step in enumerate(chain_steps(head, backbone, blocks, context, plan)):
+        base = backbone.logits(blocks.base_hidden[step.still])  # (M, V)
+        step_sum, agree = step_sums(step.still, base, step.next_logits,
+                                    step.corrected_logits, mask_id)
+        sums[k] += step_sum
+        agreed &= agree
+        accepted[0] += float(agreed.sum())
+        accepted[1] += float(step.still.any(dim=1).sum()) if k == 0 else 0.0
+
+
+def finish_metrics(sums: torch.Tensor, accepted: torch.Tensor, world: World) -> dict:
+    """Means over the whole held-out set (sums all-reduced): lists of K values."""
+    lookahead = sums.shape[0]
     totals = all_sum(torch.cat((sums.flatten(), accepted)), world)
     sums, accepted = totals[:-2].view(lookahead, 7), totals[-2:]
     positions, blocks = sums[:, 0].clamp(min=1), sums[:, 6].clamp(min=1)  # (K,) each
@@ -157,3 +153,24 @@ def evaluate_head(head: nn.Module, backbone: Backbone, held_out: Sequence[HeldOu
     metrics["accepted_drafts"] = round(float(accepted[0] / max(accepted[1], 1)), 6)
     metrics["positions"] = [int(sums[k, 0]) for k in range(lookahead)]
     return metrics
+
+
+@torch.no_grad()
+def evaluate_head(head: nn.Module, backbone: Backbone, held_out: Sequence[HeldOutBatch],
+                  lookahead: int, world: World,
+                  rules: Sequence[str] = EVAL_RULES) -> dict[str, dict]:
+    """Metrics per reveal rule (`EVAL_RULES`) over the whole held-out set, summed over
+    processes; each part's A-pass is shared by the rules. Runs in the caller's autocast
+    context, if any."""
+    unknown = [rule for rule in rules if rule not in EVAL_RULES]
+    if unknown:
+        raise ValueError(f"unknown reveal rule {unknown[0]!r}; choose one of "
+                         f"{', '.join(EVAL_RULES)}")
+    sums = {rule: torch.zeros(lookahead, 7, dtype=torch.float64) for rule in rules}  # (K, 7)
+    accepted = {rule: torch.zeros(2, dtype=torch.float64) for rule in rules}  # drafts, blocks
+    for part in held_out:
+        blocks, context = encode_batch(backbone, part.batch, part.noisy)
+        keys = torch.stack([context.layout.take(k) for k in part.keys[:lookahead]])  # (K, N, L)
+        for rule in rules:
+            rule_sums(head, backbone, blocks, context, keys, rule, sums[rule], accepted[rule])
+    return {rule: finish_metrics(sums[rule], accepted[rule], world) for rule in rules}

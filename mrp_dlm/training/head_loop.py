@@ -222,9 +222,9 @@ def run_evaluation(run: HeadRun, held_out: list[HeldOutBatch], step: int,
     started = time.perf_counter()
     run.head.eval()
     with autocast_context(run):
-        result = evaluate_head(run.head, run.backbone, held_out, run.config.lookahead, run.world)
-        result["random_reveal"] = evaluate_head(run.head, run.backbone, held_out,
-                                                run.config.lookahead, run.world, "random")
+        by_rule = evaluate_head(run.head, run.backbone, held_out, run.config.lookahead,
+                                run.world)
+        result = {**by_rule["static"], "random_reveal": by_rule["random"]}
     run.head.train()
     record = {"step": step, **result, "seconds": round(time.perf_counter() - started, 3)}
     if run.world.is_main:

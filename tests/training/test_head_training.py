@@ -324,7 +324,7 @@ def test_two_process_ddp_matches_one_process(model_dir, tmp_path):
 
 def test_evaluation_rejects_an_unknown_reveal_rule():
     with pytest.raises(ValueError, match="unknown reveal rule 'best'"):
-        evaluate_head(None, None, [], 1, None, rule="best")
+        evaluate_head(None, None, [], 1, None, rules=("static", "best"))
 
 
 def test_bad_inputs_give_clear_errors(model_dir, tmp_path):
