@@ -5,11 +5,13 @@ Every candidate recipe is CPU-feasible: the same model preset and the same token
 in bigger batches); the GPU only runs the recipes faster and in parallel. Phases, each
 with a deadline measured from the start (`--budget` seconds in all):
 
-  1. `mrp train backbone` for every variant in VARIANTS, all at once (62% of the budget);
-  2. `mrp bench` of each finished backbone on arith and arith-code, 500 held-out problems,
-     static and dynamic decoding (to 80%);
+  1. `mrp train backbone` for every variant in `--variants` (default: all of VARIANTS),
+     all at once (until `--train-until`, default 62% of the budget);
+  2. `mrp bench` of each backbone that saved a checkpoint, on arith and arith-code, 500
+     held-out problems, static and dynamic decoding (until 80%, or halfway between
+     `--train-until` and the end when that is later);
   3. `mrp train head` variants on the best backbone: the most arith accuracy among those
-     with arith-code >= 80% (to 97%).
+     with arith-code >= 80% (until 97%; `--no-heads` skips it).
 
 What it writes into `--out` (flat, at most 8 files): `backbone-NAME.tar.gz` per variant
 (weights, tokenizer, logs, bench results; no optimizer state), `heads-logs.tar.gz` (heads
@@ -58,7 +60,8 @@ SMOKE = {"backbone": ["--preset", "tiny", "--train-examples", "100", "--steps", 
                   "--eval-examples", "4"],
          "limit": "6"}
 KEEP = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-        "train_config.json", "train_log.jsonl", "loss_curve.png", "metrics.jsonl")
+        "train_config.json", "train_log.jsonl", "loss_curve.png", "metrics.jsonl",
+        "bench.json", "bench.md")
 
 
 def mrp(*args: str) -> list[str]:
@@ -179,8 +182,7 @@ def pack(out: Path, name: str, folders: dict[str, Path], pattern_logs: list[Path
     with tarfile.open(out / name, "w:gz") as tar:
         for arcname, folder in folders.items():
             for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
-                keep = path.name in KEEP or path.name in ("bench.json", "bench.md")
-                if path.is_file() and keep:
+                if path.is_file() and path.name in KEEP:
                     tar.add(path, arcname=f"{arcname}/{path.relative_to(folder)}")
         for path in pattern_logs:
             if path.is_file():
@@ -206,7 +208,11 @@ def main() -> None:
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    summary: dict = {"variants": VARIANTS, "heads": HEADS}
+    chosen = args.variants.split(",")
+    unknown = [name for name in chosen if name not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    summary: dict = {"variants": {name: VARIANTS[name] for name in chosen}, "heads": HEADS}
 
     def save() -> None:
         summary["elapsed"] = round(time.time() - start, 1)
@@ -224,7 +230,7 @@ def main() -> None:
     summary["bench"] = bench
     save()
     print(json.dumps(bench), flush=True)
-    for name in args.variants.split(","):
+    for name in trained:
         pack(args.out, f"backbone-{name}.tar.gz", {name: args.work / name}, [])
     best = pick_best(bench, report)
     summary["best"] = best
