@@ -239,11 +239,10 @@ class TrainConfig:
         if self.seq_len % self.block_size:
             raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of block_size "
                              f"({self.block_size})")
-        if not [name for name in self.tasks.split(",") if name.strip()]:
+        if not self.task_names:
             raise ValueError("tasks must name at least one task")
         check_optimiser_fields(self)
-        if self.vocab_size < 1:
-            raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
+        check_at_least_one(self, ("vocab_size",))
 
     @property
     def task_names(self) -> tuple[str, ...]:
