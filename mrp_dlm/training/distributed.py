@@ -58,9 +58,17 @@ def join_world(device: str) -> World:
     return World(dist.get_rank(), size, device, owns_group=True)
 
 
+def finish_together(world: World) -> None:
+    """Barrier after a successful run: no rank tears its process group down while another
+    still works (rank 0 writing the last checkpoint). A rank that left early made gloo abort
+    the late one's peer now and then ("terminate called without an active exception")."""
+    if world.size > 1:
+        dist.barrier()
+
+
 def leave_world(world: World) -> None:
-    """Destroy the process group this module created. No barrier: after a failure on one
-    rank the others may never reach it, and after success no collective is pending."""
+    """Destroy the process group this module created. No barrier here: after a failure on
+    one rank the others may never reach it (success paths call `finish_together` first)."""
     if world.owns_group:
         dist.destroy_process_group()
 

@@ -44,8 +44,8 @@ from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
 from mrp_dlm.training import loop
 from mrp_dlm.training.data import (BatchSchedule, PackedBatch, SpecialIds, chat_samples,
                                    derive_seed, find_special_ids, task_texts)
-from mrp_dlm.training.distributed import (World, all_sum, join_world, leave_world, shard_record,
-                                          shard_rows, wrap_module)
+from mrp_dlm.training.distributed import (World, all_sum, finish_together, join_world,
+                                          leave_world, shard_record, shard_rows, wrap_module)
 from mrp_dlm.training.head_batch import encode_batch
 from mrp_dlm.training.head_eval import HeldOutBatch, build_held_out, evaluate_head
 from mrp_dlm.training.head_loss import RevealPlan, chain_loss, chain_steps, draw_reveals
@@ -236,7 +236,9 @@ def train_head(config: HeadTrainConfig) -> Path:
     """Train (or resume) an MRP head as configured; returns the output directory."""
     world = join_world(config.device)
     try:
-        return run_training(config, world)
+        out = run_training(config, world)
+        finish_together(world)
+        return out
     finally:
         leave_world(world)
 
