@@ -60,8 +60,8 @@ def join_world(device: str) -> World:
 
 def finish_together(world: World) -> None:
     """Barrier after a successful run: no rank tears its process group down while another
-    still works (rank 0 writing the last checkpoint). A rank that left early made gloo abort
-    the late one's peer now and then ("terminate called without an active exception")."""
+    still works (rank 0 writing the last checkpoint). A rank that tore down early aborted
+    inside gloo now and then ("terminate called without an active exception")."""
     if world.size > 1:
         dist.barrier()
 
