@@ -27,9 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mrp_dlm.config import HeadTrainConfig  # noqa: E402
 from mrp_dlm.model.head_loading import load_head  # noqa: E402
 from mrp_dlm.training import head_loop  # noqa: E402
-from mrp_dlm.training.data import chat_samples, task_texts  # noqa: E402
 from mrp_dlm.training.distributed import join_world, leave_world  # noqa: E402
-from mrp_dlm.training.head_eval import build_held_out, evaluate_head  # noqa: E402
+from mrp_dlm.training.head_eval import evaluate_head  # noqa: E402
 
 
 def summary(metrics: dict) -> dict:
@@ -53,9 +52,8 @@ def main() -> None:
     try:
         backbone = head_loop.load_frozen_backbone(config, torch.bfloat16, "cpu")
         tokenizer, special = head_loop.model_tokenizer(config, backbone)
-        problems, targets = task_texts(config.task_names, args.examples, split="test")
-        samples = chat_samples(problems, targets, tokenizer, backbone.config.block_size)
-        held_out = build_held_out(samples, config, special, world)
+        held_out = head_loop.load_held_out(config, tokenizer, special,
+                                           backbone.config.block_size, world)
         for directory in args.heads:
             head = load_head(directory, backbone).float().eval()  # checks the fingerprint
             with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -160,10 +160,15 @@ def load_data(config: HeadTrainConfig, tokenizer: TextTokenizer, special: Specia
     problems, targets = task_texts(config.task_names, config.train_examples)
     schedule = BatchSchedule(chat_samples(problems, targets, tokenizer, block_size),
                              config.seq_len, config.batch_size, config.seed, special.pad)
+    return schedule, load_held_out(config, tokenizer, special, block_size, world)
+
+
+def load_held_out(config: HeadTrainConfig, tokenizer: TextTokenizer, special: SpecialIds,
+                  block_size: int, world: World) -> list[HeldOutBatch]:
+    """This process's share of the first `config.eval_examples` test problems per task."""
     problems, targets = task_texts(config.task_names, config.eval_examples, split="test")
-    held_out = build_held_out(chat_samples(problems, targets, tokenizer, block_size), config,
-                              special, world)
-    return schedule, held_out
+    return build_held_out(chat_samples(problems, targets, tokenizer, block_size), config,
+                          special, world)
 
 
 def draw_step(config: HeadTrainConfig, schedule: BatchSchedule, step: int, mask_token_id: int,
