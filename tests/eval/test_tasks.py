@@ -87,6 +87,12 @@ def test_problems_respect_the_difficulty_limits():
         assert not re.search(r"\d[,.]\d", problem.text), "numbers must be plain digits"
 
 
+def test_no_number_occurs_twice_in_a_story():
+    for seed in range(2000):
+        numbers = re.findall(r"\d+", arith_problems.make_word_problem(seed).text)
+        assert len(numbers) == len(set(numbers)), (seed, numbers)
+
+
 def test_templates_are_varied():
     assert len(arith_problems.SCENARIOS) >= 15
     openings = {arith_problems.make_word_problem(seed).text.split(".")[0].split(" has ")[0]
