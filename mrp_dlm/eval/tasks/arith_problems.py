@@ -293,3 +293,12 @@ def draw_word_problem(rng: random.Random) -> tuple[WordProblem, list[int]]:
     parts = [scenario.start, *clauses, scenario.question]
     text = " ".join(sentence(part.format(**fields)) for part in parts)
     return WordProblem(text, item, start, tuple(steps), value), numbers
+
+
+def line_styles(seed: int, count: int) -> list[bool]:
+    """Which of two equivalent forms each of `count` solution lines takes (True: the second
+    form), a fair coin per line from the seed. Two forms make the target multimodal, as
+    real model outputs are: a line's tokens and the next line's positions depend on a
+    choice made inside the block, which is what parallel commits get wrong."""
+    rng = random.Random(f"{seed}:style")
+    return [rng.random() < 0.5 for _ in range(count)]
