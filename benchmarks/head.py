@@ -10,7 +10,7 @@ It then times `mrp train head` steps (the real `head_loop` step) on random packe
 reports training tokens/s.
 
 The default backbone is random, with the embedded preset's shape (hidden 128, 8 layers,
-4/2 heads, intermediate 384, vocab 934, block 16); `--model DIR` times a checkpoint
+4/2 heads, intermediate 384, vocab 939, block 16); `--model DIR` times a checkpoint
 instead (such as mrp_dlm/assets/embedded). Warm-up runs are excluded; timers sync around
 each run. Prints a table, then one JSON line last (config, git commit, hardware, results).
 
@@ -44,7 +44,7 @@ from mrp_dlm.training import head_loop, loop  # noqa: E402
 from mrp_dlm.training.data import BatchSchedule, Sample  # noqa: E402
 from mrp_dlm.training.distributed import World  # noqa: E402
 
-EMBEDDED_VOCAB = 934
+EMBEDDED_VOCAB = 939
 
 
 def parse_args() -> argparse.Namespace:

@@ -87,6 +87,12 @@ def test_problems_respect_the_difficulty_limits():
         assert not re.search(r"\d[,.]\d", problem.text), "numbers must be plain digits"
 
 
+def test_no_number_occurs_twice_in_a_story():
+    for seed in range(2000):
+        numbers = re.findall(r"\d+", arith_problems.make_word_problem(seed).text)
+        assert len(numbers) == len(set(numbers)), (seed, numbers)
+
+
 def test_templates_are_varied():
     assert len(arith_problems.SCENARIOS) >= 15
     openings = {arith_problems.make_word_problem(seed).text.split(".")[0].split(" has ")[0]
@@ -100,7 +106,17 @@ def test_arith_target_format():
     example = ArithTask().make_example(3)
     lines = example.target.split("\n")
     assert lines[-1] == f"#### {example.answer}"
-    assert all(re.fullmatch(r"\d+ [-+*] \d+ = \d+", line) for line in lines[:-1])
+    assert all(re.fullmatch(r"\d+ [-+*] \d+ = \d+( [a-z]+)?", line) for line in lines[:-1])
+
+
+def test_both_line_styles_occur_in_both_tasks():
+    arith_lines = [line for seed in range(200)
+                   for line in ArithTask().make_example(seed).target.split("\n")[:-1]]
+    named = [line[-1].isalpha() for line in arith_lines]
+    assert 0.35 < sum(named) / len(named) < 0.65
+    code = "\n".join(ArithCodeTask().make_example(seed).target for seed in range(200))
+    assert re.search(r"^    (\w+) = \1 [-+*] ", code, re.M)
+    assert re.search(r"^    \w+ [-+*]= ", code, re.M)
 
 
 def test_arith_reference_targets_grade_correct():

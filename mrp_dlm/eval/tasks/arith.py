@@ -1,8 +1,9 @@
 """The `arith` task: word problems answered by step-by-step equations and a final `#### n`.
 
 The reference response writes one equation per line and ends with the answer line, e.g.
-"7 + 5 = 12\n12 - 3 = 9\n#### 9". A completion is correct when the integer after its last
-`####` equals the answer.
+"2 + 5 = 7\n7 - 3 = 4 apples\n#### 4": each line names the counted thing after its
+result or not, a coin per line (`arith_problems.line_styles`). A completion is correct
+when the integer after its last `####` equals the answer.
 
 Deliberately not here: the problem generator (see `arith_problems.py`) and split logic (see
 `common.py`).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from mrp_dlm.eval.tasks.arith_problems import WordProblem, make_word_problem
+from mrp_dlm.eval.tasks.arith_problems import WordProblem, line_styles, make_word_problem
 from mrp_dlm.eval.tasks.common import Example, Task
 
 ANSWER_MARKER = "####"
@@ -20,8 +21,11 @@ ANSWER_MARKER = "####"
 ANSWER_PATTERN = re.compile(r"-?\d+(?:,\d{3})*(?![\d.,]*\d)")
 
 
-def write_equations(problem: WordProblem) -> str:
-    lines = [f"{step.left} {step.op} {step.right} = {step.result}" for step in problem.steps]
+def write_equations(problem: WordProblem, seed: int) -> str:
+    styles = line_styles(seed, len(problem.steps))
+    lines = [f"{step.left} {step.op} {step.right} = {step.result}"
+             + (f" {problem.quantity}" if named else "")
+             for step, named in zip(problem.steps, styles)]
     return "\n".join([*lines, f"{ANSWER_MARKER} {problem.answer}"])
 
 
@@ -41,7 +45,7 @@ class ArithTask(Task):
 
     def make_example(self, seed: int) -> Example:
         problem = make_word_problem(seed)
-        return Example(problem.text, problem.answer, write_equations(problem), seed)
+        return Example(problem.text, problem.answer, write_equations(problem, seed), seed)
 
     def grade(self, example: Example, completion: str) -> bool:
         return extract_answer(completion) == example.answer

@@ -3,8 +3,10 @@
 The problem text is the story plus `CODE_INSTRUCTION`, so a model trained on both tasks can
 tell which answer format is wanted. The reference response is a short function that keeps
 the running count in one variable named after the counted thing, e.g.
-"def solve():\n    apples = 7\n    apples = apples + 5\n    return apples". A completion is
-correct when `solve()`, run in the sandbox, returns exactly the answer (an int, not 9.0).
+"def solve():\n    apples = 3\n    apples = apples + 5\n    apples -= 2\n    return apples":
+an update of the running count is a plain or an augmented assignment, a coin per line
+(`arith_problems.line_styles`). A completion is correct when `solve()`, run in the
+sandbox, returns exactly the answer (an int, not 9.0).
 
 Deliberately not here: sandboxing itself (see `eval/sandbox.py`) and the problem generator
 (see `arith_problems.py`).
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 
 from mrp_dlm.eval.sandbox import SandboxLimits, SandboxResult, run_many, run_python
 from mrp_dlm.eval.tasks.code import extract_code
-from mrp_dlm.eval.tasks.arith_problems import Step, WordProblem, make_word_problem
+from mrp_dlm.eval.tasks.arith_problems import Step, WordProblem, line_styles, make_word_problem
 from mrp_dlm.eval.tasks.common import Example, Task
 
 CODE_INSTRUCTION = "Write a Python function solve() that returns the answer."
@@ -25,15 +27,19 @@ INDENT = "    "
 GRADING_LIMITS = SandboxLimits(timeout_s=2.0)  # reference solutions finish in milliseconds
 
 
-def write_statement(step: Step) -> str:
+def write_statement(step: Step, augmented: bool) -> str:
+    """`x = x + 5`, or `x += 5` when `augmented` and the step updates its left operand."""
     left = step.left_name or str(step.left)
     right = step.right_name or str(step.right)
+    if augmented and left == step.target:
+        return f"{step.target} {step.op}= {right}"
     return f"{step.target} = {left} {step.op} {right}"
 
 
-def write_function(problem: WordProblem) -> str:
-    lines = [f"{problem.quantity} = {problem.start}", *map(write_statement, problem.steps),
-             f"return {problem.quantity}"]
+def write_function(problem: WordProblem, seed: int) -> str:
+    styles = line_styles(seed, len(problem.steps))
+    lines = [f"{problem.quantity} = {problem.start}",
+             *map(write_statement, problem.steps, styles), f"return {problem.quantity}"]
     return "\n".join(["def solve():", *(INDENT + line for line in lines)])
 
 
@@ -52,7 +58,7 @@ class ArithCodeTask(Task):
     def make_example(self, seed: int) -> Example:
         problem = make_word_problem(seed)
         text = f"{problem.text}\n{CODE_INSTRUCTION}"
-        return Example(text, problem.answer, write_function(problem), seed)
+        return Example(text, problem.answer, write_function(problem, seed), seed)
 
     def grade(self, example: Example, completion: str) -> bool:
         result = run_python(extract_code(completion), CALL, self.limits)

@@ -4,7 +4,9 @@
 (+, -, small *) and returns the story text together with the structured steps, so that
 `arith.py` can write the solution as equations and `arith_code.py` as a Python function.
 Every intermediate result is a non-negative integer below `RESULT_LIMIT`; numbers are
-written as plain digits. The difficulty knobs are the module constants below.
+written as plain digits, and no number occurs twice in one story (a repeated number made
+the embedded model mix up which clause it belongs to, so its sign; see docs/experiments.md,
+session 5). The difficulty knobs are the module constants below.
 
 Deliberately not here: grading, prompts and splits (see `arith.py`, `arith_code.py`,
 `common.py`). Only `random.Random(seed)` is used: never the global RNG, never `hash()`.
@@ -12,17 +14,18 @@ Deliberately not here: grading, prompts and splits (see `arith.py`, `arith_code.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
 # Difficulty knobs.
 MIN_STEPS = 2  # fewest equations in a solution
 MAX_STEPS = 4  # most equations in a solution
-START_RANGE = (2, 20)  # inclusive range of the starting count
+START_RANGE = (2, 9)  # inclusive range of the starting count
 MIN_TERM = 2  # smallest number added or subtracted (keeps nouns plural: never "1 apples")
-MAX_TERM = 20  # largest number added or subtracted in one step
-MAX_FACTOR = 9  # largest operand of a multiplication
-RESULT_LIMIT = 100  # every intermediate result stays below this
+MAX_TERM = 9  # largest number added or subtracted in one step
+MAX_FACTOR = 4  # largest operand of a multiplication
+RESULT_LIMIT = 10  # every intermediate result stays below this (single digits)
 # Relative frequency of each kind of operation (group kinds need two equations).
 OPERATION_WEIGHTS = {"add": 3, "sub": 3, "mul": 1, "group_add": 2, "group_sub": 2}
 
@@ -254,14 +257,27 @@ def sentence(text: str) -> str:
 
 
 def make_word_problem(seed: int) -> WordProblem:
-    """The word problem of `seed`; deterministic across runs and platforms."""
-    rng = random.Random(seed)
+    """The word problem of `seed`; deterministic across runs and platforms.
+
+    Draws are retried on derived seeds ("seed.1", "seed.2", ...: string seeds hash with
+    SHA-512, stable everywhere) until no number occurs twice in the story.
+    """
+    for attempt in itertools.count():
+        rng = random.Random(seed if attempt == 0 else f"{seed}.{attempt}")
+        problem, numbers = draw_word_problem(rng)
+        if len(set(numbers)) == len(numbers):
+            return problem
+    raise AssertionError("unreachable")
+
+
+def draw_word_problem(rng: random.Random) -> tuple[WordProblem, list[int]]:
+    """One story drawn from `rng`, and the numbers its text mentions in order."""
     scenario = rng.choice(SCENARIOS)
     cast = pick_cast(rng)
     item = rng.choice(scenario.items)
     start = rng.randint(*START_RANGE)
     steps_left = rng.randint(MIN_STEPS, MAX_STEPS)
-    value, steps, clauses = start, [], []
+    value, steps, clauses, numbers = start, [], [], [start]
     while steps_left > 0:
         kinds = available_kinds(value, steps_left)
         kind = rng.choices(kinds, [OPERATION_WEIGHTS[name] for name in kinds])[0]
@@ -269,10 +285,20 @@ def make_word_problem(seed: int) -> WordProblem:
         new_steps = operation_steps(kind, value, k, m, item)
         connector = rng.choice(CONNECTORS) if clauses else ""
         clauses.append(connector + clause_for(rng, scenario, kind, k, m))
+        numbers.extend([k, m] if kind.startswith("group") else [k])
         steps.extend(new_steps)
         steps_left -= len(new_steps)
         value = new_steps[-1].result
     fields = dict(cast, item=item, n=str(start))
     parts = [scenario.start, *clauses, scenario.question]
     text = " ".join(sentence(part.format(**fields)) for part in parts)
-    return WordProblem(text, item, start, tuple(steps), value)
+    return WordProblem(text, item, start, tuple(steps), value), numbers
+
+
+def line_styles(seed: int, count: int) -> list[bool]:
+    """Which of two equivalent forms each of `count` solution lines takes (True: the second
+    form), a fair coin per line from the seed. Two forms make the target multimodal, as
+    real model outputs are: a line's tokens and the next line's positions depend on a
+    choice made inside the block, which is what parallel commits get wrong."""
+    rng = random.Random(f"{seed}:style")
+    return [rng.random() < 0.5 for _ in range(count)]
