@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 from dataclasses import dataclass
 
 # Difficulty knobs.
@@ -263,21 +264,21 @@ def make_word_problem(seed: int) -> WordProblem:
     SHA-512, stable everywhere) until no number occurs twice in the story.
     """
     for attempt in itertools.count():
-        rng = random.Random(seed if attempt == 0 else f"{seed}.{attempt}")
-        problem, numbers = draw_word_problem(rng)
+        problem = draw_word_problem(random.Random(seed if attempt == 0 else f"{seed}.{attempt}"))
+        numbers = re.findall(r"\d+", problem.text)
         if len(set(numbers)) == len(numbers):
             return problem
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable")  # itertools.count() never ends
 
 
-def draw_word_problem(rng: random.Random) -> tuple[WordProblem, list[int]]:
-    """One story drawn from `rng`, and the numbers its text mentions in order."""
+def draw_word_problem(rng: random.Random) -> WordProblem:
+    """One story drawn from `rng`."""
     scenario = rng.choice(SCENARIOS)
     cast = pick_cast(rng)
     item = rng.choice(scenario.items)
     start = rng.randint(*START_RANGE)
     steps_left = rng.randint(MIN_STEPS, MAX_STEPS)
-    value, steps, clauses, numbers = start, [], [], [start]
+    value, steps, clauses = start, [], []
     while steps_left > 0:
         kinds = available_kinds(value, steps_left)
         kind = rng.choices(kinds, [OPERATION_WEIGHTS[name] for name in kinds])[0]
@@ -285,14 +286,13 @@ def draw_word_problem(rng: random.Random) -> tuple[WordProblem, list[int]]:
         new_steps = operation_steps(kind, value, k, m, item)
         connector = rng.choice(CONNECTORS) if clauses else ""
         clauses.append(connector + clause_for(rng, scenario, kind, k, m))
-        numbers.extend([k, m] if kind.startswith("group") else [k])
         steps.extend(new_steps)
         steps_left -= len(new_steps)
         value = new_steps[-1].result
     fields = dict(cast, item=item, n=str(start))
     parts = [scenario.start, *clauses, scenario.question]
     text = " ".join(sentence(part.format(**fields)) for part in parts)
-    return WordProblem(text, item, start, tuple(steps), value), numbers
+    return WordProblem(text, item, start, tuple(steps), value)
 
 
 def line_styles(seed: int, count: int) -> list[bool]:
