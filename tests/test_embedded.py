@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.eval.runner import evaluate
+from mrp_dlm.eval.runner import EvalResult, evaluate
 from mrp_dlm.eval.tasks.arith import extract_answer
-from mrp_dlm.eval.tasks.common import get_task
+from mrp_dlm.eval.tasks.common import Example, get_task
 from mrp_dlm.pipeline import Pipeline, embedded_head_dir, embedded_model_dir
 
 MAX_NEW = 128
@@ -30,11 +30,20 @@ def test_embedded_model_config(pipe):
     assert pipe.tokenizer.chat_template is not None
 
 
-def test_embedded_model_solves_code_problems(pipe):
-    task = get_task("arith-code")  # 99.8% on the full test split (docs/experiments.md)
-    result = evaluate(pipe, task, task.examples("test", 20), DecodeConfig(max_new_tokens=MAX_NEW),
-                      batch_size=20)
-    assert result.accuracy >= 0.8, result.summary()
+@pytest.fixture(scope="module")
+def code_problems() -> list[Example]:
+    return get_task("arith-code").examples("test", 20)
+
+
+@pytest.fixture(scope="module")
+def code_static(pipe, code_problems) -> EvalResult:
+    return evaluate(pipe, get_task("arith-code"), code_problems,
+                    DecodeConfig(max_new_tokens=MAX_NEW), batch_size=20)
+
+
+def test_embedded_model_solves_code_problems(code_static):
+    # 99.8% on the full test split (docs/experiments.md)
+    assert code_static.accuracy >= 0.8, code_static.summary()
 
 
 def test_embedded_model_solves_word_problems(pipe):
@@ -46,16 +55,14 @@ def test_embedded_model_solves_word_problems(pipe):
                for s in result.samples), [s.completion for s in result.samples]
 
 
-def test_embedded_model_degrades_under_parallel_commits(pipe):
+def test_embedded_model_degrades_under_parallel_commits(pipe, code_problems, code_static):
     # The test bed MRP needs: committing every token above 0.5 confidence mixes the two
     # forms of a solution line (99.8% -> 28.4% on the full test split).
-    task = get_task("arith-code")
-    examples = task.examples("test", 20)
-    configs = {"static": DecodeConfig(max_new_tokens=MAX_NEW),
-               "dynamic:0.5": DecodeConfig(mode="dynamic", threshold=0.5, max_new_tokens=MAX_NEW)}
-    accuracy = {name: evaluate(pipe, task, examples, config, batch_size=20).accuracy
-                for name, config in configs.items()}
-    assert accuracy["static"] - accuracy["dynamic:0.5"] >= 0.2, accuracy
+    dynamic = evaluate(pipe, get_task("arith-code"), code_problems,
+                       DecodeConfig(mode="dynamic", threshold=0.5, max_new_tokens=MAX_NEW),
+                       batch_size=20)
+    assert code_static.accuracy - dynamic.accuracy >= 0.2, (code_static.summary(),
+                                                             dynamic.summary())
 
 
 def test_speculative_equals_static_on_held_out_prompts(pipe):
