@@ -11,6 +11,7 @@ decoder (see `reference.py`).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,45 @@ sys.path.insert(0, str(Path(__file__).parent))
 # Tiny models gain nothing from intra-op threads, and on a busy shared machine the thread
 # pool's spin-waits make every op ~10x slower.
 torch.set_num_threads(1)
+
+# MRP_TEST_LOGIT_NOISE=1e-6 runs the suite with every logit the library computes multiplied
+# by (1 + 1e-6 * N(0, 1)). No exactness test may hinge on float noise (their cases are drawn
+# with a decision margin, see reference.py), so the suite must still pass; tests marked
+# `exact_arithmetic` check bit-level facts of unperturbed arithmetic and are skipped.
+LOGIT_NOISE = float(os.environ.get("MRP_TEST_LOGIT_NOISE", "0"))
+
+
+def install_logit_noise(relative: float) -> None:
+    generator = torch.Generator().manual_seed(12345)
+    exact = Backbone.logits
+
+    def noisy(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = exact(self, hidden)  # (B, T, V)
+        noise = torch.randn(logits.shape, generator=generator).to(logits.device)
+        return logits * (1 + relative * noise)
+
+    Backbone.logits = noisy
+
+
+if LOGIT_NOISE:
+    install_logit_noise(LOGIT_NOISE)
+
+
+def pytest_collection_modifyitems(config, items):
+    if LOGIT_NOISE:
+        skip = pytest.mark.skip(reason="checks unperturbed arithmetic (MRP_TEST_LOGIT_NOISE set)")
+        for item in items:
+            if "exact_arithmetic" in item.keywords:
+                item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from reference import CASES, MARGIN
+
+    if CASES["drawn"]:
+        terminalreporter.write_line(
+            f"exactness cases: {CASES['kept']} kept, {CASES['drawn'] - CASES['kept']} of "
+            f"{CASES['drawn']} drawn skipped for a decision within {MARGIN} of flipping")
 
 TINY = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
             intermediate_size=37, block_size=4, mask_token_id=98, stop_token_ids=(97,))

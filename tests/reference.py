@@ -20,19 +20,54 @@ Semantics (MRP_BRIEF §1):
   steps past `steps` reuse the last quota.
 - Stop: a block is checked for stop ids among its generated tokens once it is fully
   revealed; the output is trimmed after the first stop (kept) and to max_new_tokens.
+- Margins: every decision that compares floats records how far it was from flipping (a
+  token's gap to the runner-up, a confidence's distance from the threshold, the gap at a
+  rank cut, the distance of a running entropy sum from its bound). A fast decode computes
+  "the same" numbers with other float arithmetic (cache, batching, kernels), so tests
+  compare only cases whose smallest margin clears `MARGIN` (see `robust_cases`).
 
 Deliberately not here: batching (one prompt at a time), speed, anything MRP.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.sampling import uniform_noise
 from mrp_dlm.model.backbone import Backbone
+
+
+# Smallest decision margin (probabilities, relative race scores, nats) a compared case may
+# have: float noise between two computations of the same logits is ~1e-7 here, and a test
+# run that perturbs the fast path's logits by 1e-6 relative noise must still pass.
+MARGIN = 1e-4
+CASES = {"drawn": 0, "kept": 0}  # tally over the session, printed in the test summary
+
+
+def robust_cases(candidates, decode, wanted: int) -> list:
+    """The first `wanted` candidates whose `decode(candidate)` (anything with a `.margin`)
+    keeps every decision at least MARGIN from flipping, as (candidate, decoded) pairs.
+
+    Deterministic; fails if fewer than `wanted` of the candidates qualify.
+    """
+    kept, seen = [], 0
+    for candidate in candidates:
+        seen += 1
+        CASES["drawn"] += 1
+        decoded = decode(candidate)
+        if decoded.margin >= MARGIN:
+            CASES["kept"] += 1
+            kept.append((candidate, decoded))
+            if len(kept) == wanted:
+                return kept
+    raise AssertionError(f"only {len(kept)} of {seen} candidate cases have every decision "
+                         f"margin >= {MARGIN}; {wanted} wanted")
 
 
 def even_quotas(block_size: int, steps: int) -> list[int]:
@@ -52,16 +87,28 @@ def block_logits(model: Backbone, sequence: list[int], start: int, block_size: i
     ids = torch.tensor([sequence])  # (1, T)
     positions = torch.arange(T)[None]  # (1, T)
     hidden = model(ids, positions, dense_block_causal_mask(T, block_size))  # (1, T, H)
-    return model.logits(hidden)[0, start:start + block_size]  # (L, V)
+    return exact_logits(model, hidden)[0, start:start + block_size]  # (L, V)
 
 
-def truncated(probs: list[float], top_k: int, top_p: float) -> list[float]:
-    """Top-k, then top-p on the renormalised survivors; unnormalised kept mass."""
+def exact_logits(model: Backbone, hidden: torch.Tensor) -> torch.Tensor:
+    """lm_head(hidden) in float32, computed here so that a test run which perturbs the
+    library's logits (MRP_TEST_LOGIT_NOISE) leaves the reference exact."""
+    return model.lm_head(hidden).float()
+
+
+def truncated(probs: list[float], top_k: int, top_p: float) -> tuple[list[float], float]:
+    """Top-k, then top-p on the renormalised survivors: (unnormalised kept mass, margin).
+
+    margin: how far the cut was from moving (the gap between the k-th and the next
+    probability; the smallest |mass before a token - top_p|); inf without a cut.
+    """
     V = len(probs)
-    kept = list(probs)
+    kept, margin = list(probs), math.inf
     if 0 < top_k < V:
-        kth = sorted(probs, reverse=True)[top_k - 1]
+        ranked = sorted(probs, reverse=True)
+        kth = ranked[top_k - 1]
         kept = [p if p >= kth else 0.0 for p in kept]
+        margin = ranked[top_k - 1] - ranked[top_k]
     if top_p < 1.0:
         total = sum(kept)
         order = sorted(range(V), key=lambda v: -kept[v])
@@ -69,14 +116,32 @@ def truncated(probs: list[float], top_k: int, top_p: float) -> list[float]:
         keep = [False] * V
         for v in order:
             keep[v] = before < top_p
+            margin = min(margin, abs(before - top_p))
             before += kept[v] / total
         kept = [p if keep[v] else 0.0 for v, p in enumerate(kept)]
-    return kept
+    return kept, margin
+
+
+class Choice(NamedTuple):
+    token: int
+    confidence: float  # probability of the token before truncation
+    entropy: float  # of the full tempered distribution
+    margin: float  # how far the choice was from going to another token (see `choose`)
+
+
+def top_two_gap(scores: list[float]) -> float:
+    """Gap between the largest and the second largest score (inf for one score)."""
+    first, second = heapq.nlargest(2, scores) + [-math.inf] * (2 - min(len(scores), 2))
+    return first - second
 
 
 def choose(logits: torch.Tensor, mask_id: int, config: DecodeConfig, position: int,
-           step: int) -> tuple[int, float, float]:
-    """(token, confidence, entropy) for one position's logits (V,)."""
+           step: int) -> Choice:
+    """Token, confidence, entropy and decision margin for one position's logits (V,).
+
+    Margin: greedy, the gap between the two largest probabilities; sampling, the relative
+    gap between the two best race scores, or the truncation margin if smaller.
+    """
     logits = logits.clone().float()
     logits[mask_id] = float("-inf")
     temperature = config.temperature if config.temperature > 0 else 1.0
@@ -87,15 +152,15 @@ def choose(logits: torch.Tensor, mask_id: int, config: DecodeConfig, position: i
         for v in range(len(probs)):
             if probs[v] > probs[token]:
                 token = v
-        return token, probs[token], entropy
-    kept = truncated(probs, config.top_k, config.top_p)
+        return Choice(token, probs[token], entropy, top_two_gap(probs))
+    kept, margin = truncated(probs, config.top_k, config.top_p)
     noise = uniform_noise(config.seed, torch.tensor([[position]]), step, len(probs))[0, 0].tolist()
+    scores = [kept[v] / -math.log(noise[v]) for v in range(len(probs))]
     token, best = 0, -1.0
     for v in range(len(probs)):
-        score = kept[v] / -math.log(noise[v])
-        if score > best:
-            token, best = v, score
-    return token, probs[token], entropy
+        if scores[v] > best:
+            token, best = v, scores[v]
+    return Choice(token, probs[token], entropy, min(margin, top_two_gap(scores) / best))
 
 
 def by_score(masked: list[int], score: list[float], descending: bool) -> list[int]:
@@ -104,30 +169,68 @@ def by_score(masked: list[int], score: list[float], descending: bool) -> list[in
     return sorted(masked, key=lambda j: (sign * score[j], j))
 
 
+def rank_gap(ranked: list[int], score: list[float], count: int) -> float:
+    """|score| gap between the last of the first `count` ranked positions and the next."""
+    if count == 0 or count >= len(ranked):
+        return math.inf
+    return abs(score[ranked[count - 1]] - score[ranked[count]])
+
+
 def commit_positions(config: DecodeConfig, masked: list[int], confidence: list[float],
-                     entropy: list[float], quota: int) -> list[int]:
-    """Positions of the block that take their proposal this step."""
+                     entropy: list[float], quota: int) -> tuple[list[int], float]:
+    """Positions of the block that take their proposal this step, and the rule's margin:
+    how far a score was from changing the chosen set (inf if nothing could)."""
     quota = min(quota, len(masked))
+    ranked = by_score(masked, confidence, True)
     if config.mode == "static":
-        return by_score(masked, confidence, True)[:quota]
+        return ranked[:quota], rank_gap(ranked, confidence, quota)
     if config.mode == "dynamic":
-        above = [j for j in masked if confidence[j] > config.threshold]
-        return above if len(above) >= quota else by_score(masked, confidence, True)[:quota]
+        return above_threshold(config.threshold, masked, confidence, quota)
     if config.mode == "sequential":
-        return sorted(masked)[:quota]
+        return sorted(masked)[:quota], math.inf
     if config.mode == "entropy":
-        chosen, total = [], 0.0
-        for j in by_score(masked, entropy, False):
-            if chosen and total + entropy[j] > config.entropy_bound:
-                break
-            chosen.append(j)
-            total += entropy[j]
-        return chosen
+        return entropy_bounded(config.entropy_bound, masked, entropy)
     raise ValueError(f"reference has no rule {config.mode!r}")
 
 
+def above_threshold(threshold: float, masked: list[int], confidence: list[float],
+                    quota: int) -> tuple[list[int], float]:
+    """The dynamic rule (all above threshold, else the top `quota`) and its margin."""
+    quota = min(quota, len(masked))
+    above = [j for j in masked if confidence[j] > threshold]
+    margin = min((abs(confidence[j] - threshold) for j in masked), default=math.inf)
+    if len(above) >= quota:
+        return above, margin
+    ranked = by_score(masked, confidence, True)
+    return ranked[:quota], min(margin, rank_gap(ranked, confidence, quota))
+
+
+def entropy_bounded(bound: float, masked: list[int], entropy: list[float]) -> tuple[list[int], float]:
+    """Lowest entropy first while the sum stays <= bound (at least one), and the margin."""
+    ranked = by_score(masked, entropy, False)
+    chosen, total, margin = [], 0.0, math.inf
+    for j in ranked:
+        if chosen:
+            margin = min(margin, abs(total + entropy[j] - bound))
+            if total + entropy[j] > bound:
+                break
+        chosen.append(j)
+        total += entropy[j]
+    return chosen, min(margin, rank_gap(ranked, entropy, len(chosen)))
+
+
+@dataclass
+class Margins:
+    """The smallest decision margin a reference decode saw (inf: nothing could flip)."""
+
+    smallest: float = math.inf
+
+    def add(self, value: float) -> None:
+        self.smallest = min(self.smallest, value)
+
+
 def denoise_block(model: Backbone, sequence: list[int], start: int, config: DecodeConfig,
-                  block_size: int, steps: int, mask_id: int) -> list[int]:
+                  block_size: int, steps: int, mask_id: int, margins: Margins) -> int:
     """Reveal every mask of sequence[start:start + L] in place; return the steps used."""
     quotas = even_quotas(block_size, steps)
     step = 0
@@ -135,11 +238,14 @@ def denoise_block(model: Backbone, sequence: list[int], start: int, config: Deco
         logits = block_logits(model, sequence, start, block_size)  # (L, V)
         proposals = [choose(logits[j], mask_id, config, start + j, step) for j in range(block_size)]
         masked = [j for j in range(block_size) if sequence[start + j] == mask_id]
-        chosen = commit_positions(config, masked, [p[1] for p in proposals],
-                                  [p[2] for p in proposals], quotas[min(step, steps - 1)])
+        chosen, margin = commit_positions(config, masked, [p.confidence for p in proposals],
+                                          [p.entropy for p in proposals],
+                                          quotas[min(step, steps - 1)])
         assert chosen and set(chosen) <= set(masked), "reference rule made no progress"
+        margins.add(margin)
         for j in chosen:
-            sequence[start + j] = proposals[j][0]
+            margins.add(proposals[j].margin)
+            sequence[start + j] = proposals[j].token
         step += 1
     return step
 
@@ -168,8 +274,22 @@ def run_blocks(model: Backbone, prompt: list[int], config: DecodeConfig, decode_
     return generated
 
 
+@dataclass
+class Decoded:
+    token_ids: list[int]  # generated ids, trimmed after the first stop id (kept)
+    margin: float  # the smallest decision margin on the way (see `Margins`)
+
+
+def reference_decode(model: Backbone, prompt: list[int], config: DecodeConfig) -> Decoded:
+    """One prompt's generated ids and the smallest decision margin of its decode."""
+    margins = Margins()
+    ids = run_blocks(model, prompt, config,
+                     lambda sequence, start, block_size, steps, mask_id:
+                     denoise_block(model, sequence, start, config, block_size, steps, mask_id,
+                                   margins))
+    return Decoded(ids, margins.smallest)
+
+
 def reference_generate(model: Backbone, prompt: list[int], config: DecodeConfig) -> list[int]:
     """Generated ids for one prompt, trimmed after the first stop id (kept)."""
-    return run_blocks(model, prompt, config,
-                      lambda sequence, start, block_size, steps, mask_id:
-                      denoise_block(model, sequence, start, config, block_size, steps, mask_id))
+    return reference_decode(model, prompt, config).token_ids

@@ -32,12 +32,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import math
+
 import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
-from reference import by_score, choose, dense_block_causal_mask, even_quotas, run_blocks
+from reference import (above_threshold, by_score, choose, dense_block_causal_mask, even_quotas,
+                       exact_logits, rank_gap, run_blocks)
 
 GREEDY = DecodeConfig()  # temperature 0: `choose` takes the argmax
 
@@ -53,6 +56,10 @@ class Trace:
     histogram: list[int] = field(default_factory=list)  # speculative rounds by head drafts accepted
     revoked: int = 0  # remask: proposals sent back to mask (confidence) or vetoed (delta)
     fallbacks: int = 0  # remask: steps that revoked every proposal and kept the best one
+    margin: float = math.inf  # the smallest decision margin seen (see `reference.Margins`)
+
+    def add_margin(self, value: float) -> None:
+        self.margin = min(self.margin, value)
 
 
 @torch.no_grad()
@@ -63,7 +70,7 @@ def block_state(model: Backbone, sequence: list[int], start: int,
     hidden = model(torch.tensor([sequence]), torch.arange(T)[None],
                    dense_block_causal_mask(T, block_size))  # (1, T, H)
     block_hidden = hidden[0, start:start + block_size]  # (L, H)
-    return block_hidden, model.logits(block_hidden[None])[0]
+    return block_hidden, exact_logits(model, block_hidden[None])[0]
 
 
 @torch.no_grad()
@@ -83,14 +90,18 @@ def probability(logits: torch.Tensor, token: int, mask_id: int, config: DecodeCo
     return torch.softmax(logits / temperature, dim=0)[token].item()
 
 
-def static_pick(logits: torch.Tensor, block: list[int], mask_id: int) -> list[int] | None:
+def static_pick(logits: torch.Tensor, block: list[int], mask_id: int,
+                trace: Trace) -> list[int] | None:
     """The block after the greedy static rule's one-token pick; None if nothing is masked."""
     masked = [j for j in range(len(block)) if block[j] == mask_id]
     if not masked:
         return None
     picks = {j: choose(logits[j], mask_id, GREEDY, 0, 0) for j in masked}
-    best = by_score(masked, {j: picks[j][1] for j in masked}, True)[0]
-    return [picks[best][0] if j == best else t for j, t in enumerate(block)]
+    confidence = {j: picks[j].confidence for j in masked}
+    ranked = by_score(masked, confidence, True)
+    best = ranked[0]
+    trace.add_margin(min(rank_gap(ranked, confidence, 1), picks[best].margin))
+    return [picks[best].token if j == best else t for j, t in enumerate(block)]
 
 
 def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
@@ -107,14 +118,18 @@ def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
                 block = sequence[start:start + block_size]
                 accumulator = accumulator + head_residual(model, head, block, accumulator, start)
                 trace.head_calls += 1
-                logits = model.logits(accumulator[None])[0]  # A + sum C
+                logits = exact_logits(model, accumulator[None])[0]  # A + sum C
             masked = [j for j in range(block_size) if sequence[start + j] == mask_id]
             quota = quotas[min(step, steps - 1)] if k == 0 else 1
             proposals = {j: choose(logits[j], mask_id, config, start + j, step * (K + 1) + k)
                          for j in masked}
-            chosen = by_score(masked, {j: p[1] for j, p in proposals.items()}, True)[:quota]
+            confidence = {j: p.confidence for j, p in proposals.items()}
+            ranked = by_score(masked, confidence, True)
+            chosen = ranked[:quota]
+            trace.add_margin(rank_gap(ranked, confidence, min(quota, len(masked))))
             for j in chosen:
-                sequence[start + j] = proposals[j][0]
+                trace.add_margin(proposals[j].margin)
+                sequence[start + j] = proposals[j].token
         step += 1
     trace.steps += step
 
@@ -131,13 +146,13 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
         drafts: list[list[int] | None] = []
         state, accumulator = current, hidden
         for index in range(K + 1):
-            picked = static_pick(logits, state, mask_id)
+            picked = static_pick(logits, state, mask_id, trace)
             drafts.append(picked)
             state = picked if picked is not None else state
             if index < K:
                 accumulator = accumulator + head_residual(model, head, state, accumulator, start)
                 trace.head_calls += 1
-                logits = model.logits(accumulator[None])[0]
+                logits = exact_logits(model, accumulator[None])[0]
         # Verify: the full backbone on each candidate state separately.
         accepted = 1  # S_1 is the backbone's own pick
         for j in range(1, K + 1):
@@ -145,7 +160,7 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
                 break
             candidate = sequence[:start] + drafts[j - 1] + sequence[start + block_size:]
             _, check = block_state(model, candidate, start, block_size)
-            if static_pick(check, drafts[j - 1], mask_id) != drafts[j]:
+            if static_pick(check, drafts[j - 1], mask_id, trace) != drafts[j]:
                 break
             accepted += 1
         sequence[start:start + block_size] = drafts[accepted - 1]
@@ -163,33 +178,41 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
         hidden, logits = block_state(model, sequence, start, block_size)
         masked = [j for j in range(block_size) if block[j] == mask_id]
         proposals = {j: choose(logits[j], mask_id, config, start + j, step) for j in masked}
-        confidence = {j: p[1] for j, p in proposals.items()}
-        quota = min(quotas[min(step, steps - 1)], len(masked))
-        above = [j for j in masked if confidence[j] > config.threshold]
-        commit = above if len(above) >= quota else by_score(masked, confidence, True)[:quota]
+        confidence = {j: p.confidence for j, p in proposals.items()}
+        commit, margin = above_threshold(config.threshold, masked, confidence,
+                                         quotas[min(step, steps - 1)])
+        trace.add_margin(margin)
         trace.head_calls += 1
         if config.remask_rule == "confidence":
-            fresh = [proposals[j][0] if j in commit else t for j, t in enumerate(block)]
+            fresh = [proposals[j].token if j in commit else t for j, t in enumerate(block)]
             corrected_hidden = hidden + head_residual(model, head, fresh, hidden, start)  # h_A + h_C
-            corrected = model.logits(corrected_hidden[None])[0]  # A + C
-            rescored = {j: probability(corrected[j], proposals[j][0], mask_id, config)
+            corrected = exact_logits(model, corrected_hidden[None])[0]  # A + C
+            rescored = {j: probability(corrected[j], proposals[j].token, mask_id, config)
                         for j in commit}
-            kept = [j for j in commit
-                    if not (confidence[j] > config.threshold and rescored[j] <= config.threshold)]
+            confident = [j for j in commit if confidence[j] > config.threshold]
+            trace.add_margin(min((abs(rescored[j] - config.threshold) for j in confident),
+                                 default=math.inf))
+            kept = [j for j in commit if not (j in confident and rescored[j] <= config.threshold)]
             if not kept:
-                kept = by_score(commit, rescored, True)[:1]
+                ranked = by_score(commit, rescored, True)
+                kept = ranked[:1]
+                trace.add_margin(rank_gap(ranked, rescored, 1))
                 trace.fallbacks += 1
         else:
-            residual = model.logits(head_residual(model, head, block, hidden, start)[None])[0]
-            size = {j: abs(residual[j, proposals[j][0]].item()) for j in commit}
+            residual = exact_logits(model, head_residual(model, head, block, hidden, start)[None])[0]
+            size = {j: abs(residual[j, proposals[j].token].item()) for j in commit}
+            trace.add_margin(min((abs(size[j] - config.remask_delta) for j in commit), default=math.inf))
             kept = [j for j in commit if size[j] <= config.remask_delta]
             if not kept:
-                kept = by_score(commit, size, False)[:1]
+                ranked = by_score(commit, size, False)
+                kept = ranked[:1]
+                trace.add_margin(rank_gap(ranked, size, 1))
                 trace.fallbacks += 1
         assert kept and set(kept) <= set(commit), "reference remask made no progress"
         trace.revoked += len(commit) - len(kept)
         for j in kept:
-            sequence[start + j] = proposals[j][0]
+            trace.add_margin(proposals[j].margin)
+            sequence[start + j] = proposals[j].token
         step += 1
     trace.steps += step
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head, save_head
 from mrp_dlm.model.loading import CheckpointError
-from reference import reference_generate
+from reference import reference_decode, reference_generate, robust_cases
 from reference_mrp import reference_mrp_generate
 
 LENGTHS = (3, 8, 5, 12, 1, 9, 17, 20)  # batch prompts: partial blocks, whole blocks, prefill at L=16
@@ -69,6 +70,25 @@ def prompt_of(length: int, seed: int) -> list[int]:
 
 
 PROMPTS = [prompt_of(n, i) for i, n in enumerate(LENGTHS)]
+CANDIDATES = 8  # prompts drawn per case; those with a near-tie decision are skipped
+
+
+@functools.lru_cache(maxsize=None)
+def robust_batch(seed: int, block_size: int, damped: bool,
+                 config: DecodeConfig) -> list[list[int]]:
+    """A batch shaped like PROMPTS (lengths LENGTHS) whose every row, decoded alone by the
+    reference under config (a backbone-only mode), has no decision within float noise of
+    flipping on this backbone."""
+    model = backbone(seed, block_size, damped)
+    return [robust_cases((prompt_of(n, i + 100 * j) for j in range(CANDIDATES)),
+                         lambda prompt: reference_decode(model, prompt, config), 1)[0][0]
+            for i, n in enumerate(LENGTHS)]
+
+
+def static_config(block_size: int, **overrides) -> DecodeConfig:
+    """Greedy one-token-per-step static decoding without stop ids (the robust-batch key)."""
+    return DecodeConfig(block_size=block_size, max_new_tokens=MAX_NEW[block_size],
+                        stop_token_ids=(), **overrides)
 
 
 def decode(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
@@ -93,14 +113,21 @@ def mid_block_stop(model: Backbone, prompts: list[list[int]], block_size: int, m
     return counts.most_common(1)[0][0]
 
 
+@dataclass(frozen=True)
+class StaticRun:
+    prompts: list[list[int]]  # the robust batch of this backbone
+    stops: tuple[int, ...]  # a stop id generated inside a block
+    result: DecodeResult  # greedy static one-token-per-step decode of prompts with stops
+
+
 @functools.lru_cache(maxsize=None)
-def static_run(seed: int, block_size: int, damped: bool) -> tuple[tuple[int, ...], DecodeResult]:
-    """(stop ids, greedy static one-token-per-step result) of the batch PROMPTS."""
+def static_run(seed: int, block_size: int, damped: bool) -> StaticRun:
     model = backbone(seed, block_size, damped)
+    prompts = robust_batch(seed, block_size, damped, static_config(block_size))
     max_new = MAX_NEW[block_size]
-    stops = (mid_block_stop(model, PROMPTS, block_size, max_new),)
+    stops = (mid_block_stop(model, prompts, block_size, max_new),)
     config = DecodeConfig(block_size=block_size, max_new_tokens=max_new, stop_token_ids=stops)
-    return stops, decode(model, PROMPTS, config)
+    return StaticRun(prompts, stops, decode(model, prompts, config))
 
 
 def describe_mismatch(got: list[list[int]], want: list[list[int]]) -> str:
@@ -126,13 +153,14 @@ def test_speculative_equals_static_for_any_head(block_size, lookahead):
     histogram = [0] * (lookahead + 1)
     for seed, damped in SPEC_MODELS:
         model = backbone(seed, block_size, damped)
-        stops, static = static_run(seed, block_size, damped)
+        run = static_run(seed, block_size, damped)
+        static = run.result
         assert any(len(row) < MAX_NEW[block_size] for row in static.token_ids), "no row stopped"
         assert any(len(row) == MAX_NEW[block_size] for row in static.token_ids), "every row stopped"
         config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
-                              max_new_tokens=MAX_NEW[block_size], stop_token_ids=stops)
+                              max_new_tokens=MAX_NEW[block_size], stop_token_ids=run.stops)
         for name, make_head in HEADS.items():
-            result = decode(model, PROMPTS, config, make_head(model, seed + lookahead))
+            result = decode(model, run.prompts, config, make_head(model, seed + lookahead))
             assert result.token_ids == static.token_ids, (
                 f"seed {seed} damped {damped} head {name}: "
                 + describe_mismatch(result.token_ids, static.token_ids))
@@ -154,11 +182,12 @@ def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped):
     seed = 1
     model = backbone(seed, block_size, damped)
     head = HEADS[head_kind](model, seed)
-    stops, static = static_run(seed, block_size, damped)
+    run = static_run(seed, block_size, damped)
+    static = run.result
     config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
-                          max_new_tokens=MAX_NEW[block_size], stop_token_ids=stops)
-    batch = decode(model, PROMPTS, config, head)
-    solos = [decode(model, [prompt], config, head) for prompt in PROMPTS]
+                          max_new_tokens=MAX_NEW[block_size], stop_token_ids=run.stops)
+    batch = decode(model, run.prompts, config, head)
+    solos = [decode(model, [prompt], config, head) for prompt in run.prompts]
     for index, (row, solo) in enumerate(zip(batch.token_ids, solos)):
         assert row == solo.token_ids[0], f"row {index}: batch {row} != solo {solo.token_ids[0]}"
         assert row == static.token_ids[index]
@@ -191,8 +220,9 @@ def test_zero_head_direct_equals_static_with_fewer_steps(block_size, lookahead):
         model = backbone(seed, block_size)
         head = zero_head(model)
         common = dict(block_size=block_size, max_new_tokens=MAX_NEW[block_size], stop_token_ids=())
-        static = decode(model, PROMPTS, DecodeConfig(steps=steps, **common))
-        direct = decode(model, PROMPTS, DecodeConfig(mode="direct", lookahead=lookahead, **common),
+        prompts = robust_batch(seed, block_size, False, static_config(block_size, steps=steps))
+        static = decode(model, prompts, DecodeConfig(steps=steps, **common))
+        direct = decode(model, prompts, DecodeConfig(mode="direct", lookahead=lookahead, **common),
                         head)
         assert direct.token_ids == static.token_ids, describe_mismatch(direct.token_ids,
                                                                         static.token_ids)
@@ -210,8 +240,9 @@ def test_zero_head_remask_equals_dynamic(rule, block_size, steps, threshold, sam
     model = backbone(0, block_size)
     common = dict(block_size=block_size, steps=steps, threshold=threshold,
                   max_new_tokens=MAX_NEW[block_size], stop_token_ids=(), **sampling)
-    dynamic = decode(model, PROMPTS, DecodeConfig(mode="dynamic", **common))
-    remask = decode(model, PROMPTS, DecodeConfig(mode="remask", remask_rule=rule, **common),
+    prompts = robust_batch(0, block_size, False, DecodeConfig(mode="dynamic", **common))
+    dynamic = decode(model, prompts, DecodeConfig(mode="dynamic", **common))
+    remask = decode(model, prompts, DecodeConfig(mode="remask", remask_rule=rule, **common),
                     zero_head(model))
     assert remask.token_ids == dynamic.token_ids, describe_mismatch(remask.token_ids,
                                                                     dynamic.token_ids)
@@ -222,11 +253,12 @@ def test_zero_head_remask_equals_dynamic(rule, block_size, steps, threshold, sam
 # --- every mode against its slow reference --------------------------------------------------
 
 def check_reference(model, head, config, lengths=(8, 6)):
-    """Library (batch 1) == reference for each prompt; returns the reference traces."""
-    traces = []
-    for length in lengths:
-        prompt = prompt_of(length, 40 + length)
-        trace = reference_mrp_generate(model, head, prompt, config)
+    """Library (batch 1) == reference, per length on the first prompt whose reference decode
+    has no decision within float noise of flipping; returns (prompt, trace) pairs."""
+    cases = [robust_cases((prompt_of(n, 40 + n + 100 * i) for i in range(CANDIDATES)),
+                          lambda prompt: reference_mrp_generate(model, head, prompt, config), 1)[0]
+             for n in lengths]
+    for prompt, trace in cases:
         result = decode(model, [prompt], config, head)
         assert result.token_ids[0] == trace.token_ids, (
             f"fast {result.token_ids[0]}\n != reference {trace.token_ids}\n ({config})")
@@ -240,8 +272,7 @@ def check_reference(model, head, config, lengths=(8, 6)):
         else:
             assert stats.denoise_forwards == trace.steps
             assert stats.verify_forwards == 0
-        traces.append(trace)
-    return traces
+    return cases
 
 
 @pytest.mark.parametrize("block_size,steps,lookahead,sampling", [
@@ -266,11 +297,10 @@ def test_speculative_matches_reference(block_size, lookahead, head_kind, damped)
     head = HEADS[head_kind](model, 7)
     config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
                           max_new_tokens=MAX_NEW[block_size], stop_token_ids=())
-    traces = check_reference(model, head, config)
     static = DecodeConfig(block_size=block_size, max_new_tokens=MAX_NEW[block_size],
                           stop_token_ids=())
-    for length, trace in zip((8, 6), traces):
-        assert trace.token_ids == reference_generate(model, prompt_of(length, 40 + length), static)
+    for prompt, trace in check_reference(model, head, config):
+        assert trace.token_ids == reference_generate(model, prompt, static)
 
 
 @pytest.mark.parametrize("rule,threshold,steps,sampling", [
@@ -282,7 +312,8 @@ def test_remask_matches_reference(rule, threshold, steps, sampling):
     model = backbone(7, 4)
     config = DecodeConfig(mode="remask", remask_rule=rule, threshold=threshold, steps=steps,
                           remask_delta=2.0, max_new_tokens=13, stop_token_ids=(), **sampling)
-    traces = check_reference(model, random_head(model, 7), config, lengths=(8, 6, 3))
+    traces = [trace for _, trace in check_reference(model, random_head(model, 7), config,
+                                                     lengths=(8, 6, 3))]
     # Not vacuous: the head sent reveals back, and sometimes all of a step's.
     assert sum(t.revoked for t in traces) > 0
     assert sum(t.fallbacks for t in traces) > 0
