@@ -19,7 +19,7 @@ require_sglang()
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.pipeline import Pipeline, embedded_head_dir, embedded_model_dir  # noqa: E402
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]  # an SGLang engine start: 30-70 s
 
 PROMPTS = ["What is 12 + 7?", "Tom has 3 apples and buys 4 more. How many apples does he have?",
            "What is 6 * 8?", "Write a Python function that adds two numbers."]

@@ -27,7 +27,7 @@ from mrp_dlm.model.head import MRPHead  # noqa: E402
 from mrp_dlm.model.head_loading import save_head  # noqa: E402
 from mrp_dlm.model.loading import save_backbone  # noqa: E402
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]  # an SGLang engine start: 30-70 s
 
 LENGTHS = (3, 8, 5, 13, 1)
 MAX_NEW = 14
