@@ -60,7 +60,7 @@ class Pipeline:
         path = Path(directory) if directory is not None else embedded_model_dir()
         if directory is None and not (path / "config.json").is_file():
             raise FileNotFoundError("no --model given and this install has no embedded model")
-        model = load_backbone(path, DTYPES[dtype], torch.device(device), mask_token_id, block_size)
+        model = load_backbone(path, DTYPES[dtype], device, mask_token_id, block_size)
         if head is None and directory is None and (embedded_head_dir() / "config.json").is_file():
             head = embedded_head_dir()
         mrp_head = load_head(head, model, block_size) if head is not None else None

@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from conftest import run_cli
 
@@ -123,6 +124,8 @@ BAD_GENERATE = {
     "unknown mode": (["--mode", "fastest"], "unknown mode 'fastest'"),
     "too long": (["--max-new-tokens", "100000"], "exceeds the model's maximum length"),
     "mask id outside vocab": (["--mask-token-id", "100000"], "mask_token_id 100000 is outside"),
+    "unknown device": (["--device", "foo"], "unknown device 'foo'; available: cpu"),
+    "missing GPU": (["--device", "cuda:99"], "device 'cuda:99' is not available: .*available: cpu"),
 }
 
 
@@ -134,6 +137,15 @@ def test_generate_bad_input_fails_cleanly(saved_model_and_head, capsys, case):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert re.search(message, err), err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_on_a_cpu_only_machine_fails_cleanly(capsys):
+    # README's second example, on a machine without CUDA.
+    code, out, err = run_cli(capsys, "generate", "--dtype", "bfloat16", "--device", "cuda",
+                             "--prompt", "What is 17 * 23?", "--chat")
+    assert code == 2 and out == ""
+    assert re.fullmatch(r"mrp: error: device 'cuda' is not available: .*; available: cpu\n", err)
 
 
 def test_missing_model_dir_fails_cleanly(tmp_path, capsys):

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.device import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def load_backbone(directory: str | Path, dtype: torch.dtype = torch.float32,
                   device: torch.device | str = "cpu", mask_token_id: int | None = None,
                   block_size: int | None = None) -> Backbone:
     """Read a local HF-format SDAR/Qwen3 checkpoint into a Backbone in eval mode."""
-    directory = Path(directory)
+    directory, device = Path(directory), resolve_device(device)
     config = read_config(directory, mask_token_id, block_size)
     files = weight_files(directory)
     with torch.device("meta"):

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from mrp_dlm.config import BACKBONE_PRESETS, BackboneConfig, TrainConfig
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.device import resolve_device
 from mrp_dlm.model.loading import load_backbone, save_backbone, weight_files, write_atomic
 from mrp_dlm.model.tokenizer import TOKENIZER_FILES, TextTokenizer, load_tokenizer
 from mrp_dlm.training.data import (BatchSchedule, PackedBatch, chat_samples, derive_seed,
@@ -297,6 +298,7 @@ def start_run(config: TrainConfig, out: Path, texts: list[str]
 
 def train_backbone(config: TrainConfig) -> Path:
     """Train (or resume) a backbone as configured; returns the checkpoint directory."""
+    resolve_device(config.device)  # fail before anything is written
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     problems, targets = task_texts(config.task_names, config.train_examples)
