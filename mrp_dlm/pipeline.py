@@ -23,7 +23,7 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
 from mrp_dlm.model.loading import DTYPES, load_backbone
-from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
+from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 
 
 def embedded_model_dir() -> Path:
@@ -71,6 +71,7 @@ class Pipeline:
             raise ValueError(f"{self.directory} has no tokenizer; pass token ids instead")
         if not prompt:
             raise ValueError("the prompt is empty")
+        check_utf8(prompt, "the prompt")
         return self.tokenizer.encode(self.tokenizer.render_chat(prompt) if chat else prompt)
 
     def generate(self, prompts: list[str], config: DecodeConfig, chat: bool = False) -> GenerateOutput:

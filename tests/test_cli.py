@@ -124,6 +124,8 @@ BAD_GENERATE = {
     "unknown mode": (["--mode", "fastest"], "unknown mode 'fastest'"),
     "too long": (["--max-new-tokens", "100000"], "exceeds the model's maximum length"),
     "mask id outside vocab": (["--mask-token-id", "100000"], "mask_token_id 100000 is outside"),
+    "non-UTF-8 prompt": (["--prompt", "ab\udcff"],  # how argv carries the byte 0xff
+                         r"the prompt is not valid UTF-8 text \(byte 0xff at character 2\)"),
     "unknown device": (["--device", "foo"], "unknown device 'foo'; available: cpu"),
     "missing GPU": (["--device", "cuda:99"], "device 'cuda:99' is not available: .*available: cpu"),
 }
@@ -146,6 +148,28 @@ def test_cuda_on_a_cpu_only_machine_fails_cleanly(capsys):
                              "--prompt", "What is 17 * 23?", "--chat")
     assert code == 2 and out == ""
     assert re.fullmatch(r"mrp: error: device 'cuda' is not available: .*; available: cpu\n", err)
+
+
+BAD_FILES = {
+    "garbage tokenizer.json": ("tokenizer.json", "garbage",
+                               "tokenizer.json is not a readable tokenizer: expected value"),
+    "config.json a list": ("config.json", "[1, 2]",
+                           "config.json must hold a JSON object, not a list"),
+    "config.json a string": ("config.json", '"sdar"',
+                             "config.json must hold a JSON object, not a string"),
+    "tokenizer_config.json not JSON": ("tokenizer_config.json", "{", "is not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_a_broken_checkpoint_file_fails_cleanly(saved_model_and_head, capsys, case):
+    model_dir, _ = saved_model_and_head
+    name, text, message = BAD_FILES[case]
+    (model_dir / name).write_text(text)
+    code, out, err = run_cli(capsys, "generate", "--model", str(model_dir), "--prompt", "hi",
+                             "--chat", "--max-new-tokens", "4")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"mrp: error: {model_dir / name}") and message in err, err
 
 
 def test_missing_model_dir_fails_cleanly(tmp_path, capsys):

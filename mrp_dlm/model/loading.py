@@ -34,13 +34,21 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be read as an SDAR/Qwen3 model."""
 
 
+JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
+
+
 def read_json(path: Path) -> dict:
+    """A JSON file that must hold an object (every checkpoint's JSON files do)."""
     if not path.is_file():
         raise CheckpointError(f"missing file: {path}")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{path} is not valid JSON: {error}") from error
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, not {JSON_KINDS[type(data)]}")
+    return data
 
 
 def read_stop_ids(directory: Path, raw: dict) -> tuple[int, ...]:
@@ -50,7 +58,11 @@ def read_stop_ids(directory: Path, raw: dict) -> tuple[int, ...]:
     eos = raw.get("eos_token_id") if eos is None else eos
     if eos is None:
         return SDAR_STOP_TOKEN_IDS
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise CheckpointError(f"{directory}: eos_token_id must be a token id or a list of ids, "
+                              f"got {eos!r}")
+    return tuple(ids)
 
 
 def check_supported(raw: dict, path: Path) -> None:
