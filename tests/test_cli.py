@@ -105,6 +105,31 @@ def test_eval_and_bench_bad_input_fail_cleanly(saved_model_and_head, tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+LOOKAHEAD_BEYOND_BLOCK = {  # the tiny model's blocks hold 4 tokens
+    "generate": (["generate", "--prompt", "hi", "--mode", "direct", "--lookahead", "5"],
+                 "lookahead (5) cannot exceed block_size (4)"),
+    "eval": (["eval", "--task", "arith", "--mode", "speculative", "--lookahead", "5"],
+             "lookahead (5) cannot exceed block_size (4)"),
+    "bench": (["bench", "--task", "arith", "--grid", "speculative:5"],
+              "grid entry 'speculative:5': lookahead (5) cannot exceed block_size (4)"),
+    "bench, block size given": (["bench", "--task", "arith", "--grid", "direct:9",
+                                 "--block-size", "4"],
+                                "grid entry 'direct:9': lookahead (9) cannot exceed block_size (4)"),
+}
+
+
+@pytest.mark.parametrize("case", LOOKAHEAD_BEYOND_BLOCK)
+def test_lookahead_beyond_the_block_fails_cleanly(saved_model_and_head, tmp_path, capsys, case):
+    model_dir, head_dir = saved_model_and_head
+    argv, message = LOOKAHEAD_BEYOND_BLOCK[case]
+    out_dir = tmp_path / "out"
+    extra = ["--out", str(out_dir)] if argv[0] != "generate" else []
+    code, out, err = run_cli(capsys, *argv, "--model", str(model_dir), "--head", str(head_dir),
+                             "--max-new-tokens", "4", *extra)
+    assert code == 2 and err == f"mrp: error: {message}\n"
+    assert not out_dir.exists()
+
+
 def test_train_backbone_smoke(tmp_path, capsys):
     out_dir = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "backbone", "--out", str(out_dir), "--preset", "tiny",

@@ -66,7 +66,10 @@ def run_bench(pipe: Pipeline, suites: list[tuple[Task, list[Example]]],
     if configs[0].mode != "static":
         raise ValueError("a benchmark grid starts with static, its reference")
     for config in configs:
-        check_config(pipe, config)
+        try:
+            check_config(pipe, config)
+        except ValueError as error:
+            raise ValueError(f"grid entry {grid_label(config)!r}: {error}") from None
     task, examples = suites[0]
     for config in configs:
         evaluate(pipe, task, examples[:WARMUP_PROBLEMS], config, batch_size)
