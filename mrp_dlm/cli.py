@@ -111,7 +111,7 @@ def source_of(args: argparse.Namespace, task, pipe) -> dict:
     from mrp_dlm.eval.provenance import head_dir
 
     return dict(task=task.name, data=str(Path(args.data).resolve()) if args.data else None,
-                model=str(pipe.directory.resolve()), head=head_dir(pipe, args.head),
+                model=str(pipe.directory.resolve()), head=head_dir(pipe),
                 dtype=args.dtype)
 
 
@@ -140,7 +140,7 @@ def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
     configs = parse_grid(args.grid, build_dataclass(DecodeConfig, args, decode_fields))
     task, examples = load_examples(args)
     pipe = load_pipeline(args, configs[0].block_size)
-    configs, dropped = bench.split_by_head(configs, pipe.head is not None)
+    configs, dropped = bench.split_by_head(configs, pipe.head_dir is not None)
     if dropped:
         print(f"note: no MRP head (give --head DIR), so {', '.join(dropped)} are left out")
     grids = bench.run_bench(pipe, [(task, examples)], configs, args.batch_size, progress=True)

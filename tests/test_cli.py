@@ -130,6 +130,20 @@ def test_lookahead_beyond_the_block_fails_cleanly(saved_model_and_head, tmp_path
     assert not out_dir.exists()
 
 
+def test_a_head_that_does_not_fit_stops_only_the_modes_that_use_it(saved_model_and_head,
+                                                                     capsys):
+    model_dir, head_dir = saved_model_and_head  # the head was trained at block size 4
+    argv = ["generate", "--model", str(model_dir), "--head", str(head_dir), "--prompt", "hi",
+            "--block-size", "8", "--max-new-tokens", "4"]
+    for mode in ("static", "dynamic"):
+        code, out, err = run_cli(capsys, *argv, "--mode", mode)
+        assert code == 0, err
+    code, out, err = run_cli(capsys, *argv, "--mode", "speculative")
+    assert code == 2 and out == ""
+    assert re.fullmatch(r"mrp: error: the head in \S+ was trained on another backbone: "
+                        r".*block_size: head 4 vs backbone 8.*\n", err), err
+
+
 def test_train_backbone_smoke(tmp_path, capsys):
     out_dir = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "backbone", "--out", str(out_dir), "--preset", "tiny",

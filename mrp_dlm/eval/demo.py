@@ -33,7 +33,7 @@ class DemoReport:
 
 def run_demo(pipe: Pipeline, problems: int = DEMO_PROBLEMS) -> DemoReport:
     """Every demo config (the MRP ones when the pipeline has a head) on each embedded task."""
-    configs, _ = split_by_head(DEMO_CONFIGS, pipe.head is not None)
+    configs, _ = split_by_head(DEMO_CONFIGS, pipe.head_dir is not None)
     suites = [(task, task.examples("test", problems))
               for task in (get_task(name) for name in EMBEDDED_TASKS)]
     grids = run_bench(pipe, suites, configs, batch_size=problems)

@@ -67,7 +67,7 @@ class EvalResult:
 def check_config(pipe: Pipeline, config: DecodeConfig) -> None:
     """Raise ValueError now, before any output is written, if `pipe` cannot decode `config`."""
     config.resolve(pipe.model.config)
-    make_decoder(config, pipe.head)
+    make_decoder(config, pipe.head_for(config))
 
 
 def progress_bar(task: Task, config: DecodeConfig, total: int, done: int = 0,

@@ -114,7 +114,7 @@ def test_bad_runs_fail_before_writing(pipe, tmp_path):
     with pytest.raises(ValueError, match="not unique"):
         evaluate_to_dir(pipe, task, examples + examples[:1],
                         store.RunDir(tmp_path / "a", identity(pipe)))
-    headless = dataclasses.replace(pipe, head=None)
+    headless = dataclasses.replace(pipe, head_dir=None)
     speculative = identity(pipe, config=DecodeConfig(mode="speculative", max_new_tokens=MAX_NEW))
     with pytest.raises(ValueError, match="needs an MRP head"):
         evaluate_to_dir(headless, task, examples, store.RunDir(tmp_path / "b", speculative))
