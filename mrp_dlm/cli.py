@@ -99,9 +99,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def load_examples(args: argparse.Namespace) -> tuple:
-    """The task and its first --limit test examples (before any model loads, to fail fast)."""
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    """The task and its first --limit test examples, after checking the task flags (before
+    any model loads or any file is written, to fail fast)."""
+    from mrp_dlm.eval.store import check_out_dir
+
+    for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    check_out_dir(Path(args.out))
     task = get_task(args.task, args.data)
     return task, task.examples("test", args.limit)
 
@@ -236,9 +241,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train_backbone(args, fields["train backbone"])
         if args.command == "train" and args.target == "head":
             return cmd_train_head(args, fields["train head"])
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         print(f"mrp: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:  # a resumable run says what it saved
+        print(f"mrp: {error or 'interrupted'}", file=sys.stderr)
+        return 130
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from mrp_dlm.pipeline import Pipeline
 
 
 def test_generate_prints_text_and_stats(saved_model_and_head, capsys):
@@ -92,6 +93,8 @@ BAD_EVAL = {
     "limit 0": (["eval", "--limit", "0"], "--limit must be >= 1"),
     "data for a generated task": (["eval", "--data", "x.jsonl"], "takes no data file"),
     "mrp mode without head": (["eval", "--mode", "speculative"], "needs an MRP head"),
+    "eval batch size 0": (["eval", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    "bench batch size 0": (["bench", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
 }
 
 
@@ -142,6 +145,46 @@ def test_a_head_that_does_not_fit_stops_only_the_modes_that_use_it(saved_model_a
     assert code == 2 and out == ""
     assert re.fullmatch(r"mrp: error: the head in \S+ was trained on another backbone: "
                         r".*block_size: head 4 vs backbone 8.*\n", err), err
+
+
+@pytest.mark.parametrize("command", ["eval", "bench"])
+def test_an_out_that_is_a_file_fails_cleanly(saved_model_and_head, tmp_path, capsys, command):
+    model_dir, _ = saved_model_and_head
+    (tmp_path / "outs").mkdir()
+    path = tmp_path / "outs" / "taken"
+    path.write_text("keep me")
+    for out, message in ((path, f"{path} exists and is not a directory"),
+                         (path / "sub", f"{path / 'sub'} cannot be a directory: {path} is not")):
+        code, stdout, err = run_cli(capsys, command, "--task", "arith", "--model", str(model_dir),
+                                    "--limit", "1", "--out", str(out))
+        assert code == 2 and stdout == "" and err.startswith(f"mrp: error: {message}"), err
+    assert path.read_text() == "keep me" and list(path.parent.iterdir()) == [path]
+
+
+def test_eval_interrupted_says_what_is_saved_and_resumes_exactly(saved_model_and_head, tmp_path,
+                                                                 capsys, monkeypatch):
+    model_dir, _ = saved_model_and_head
+    argv = ["eval", "--task", "arith", "--model", str(model_dir), "--limit", "4",
+            "--batch-size", "2", "--max-new-tokens", "6", "--out"]
+    assert run_cli(capsys, *argv, str(tmp_path / "whole"))[0] == 0
+    generate, calls = Pipeline.generate, []
+
+    def interrupt_the_second_batch(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "generate", interrupt_the_second_batch)
+    samples = tmp_path / "run" / "samples.jsonl"
+    code, out, err = run_cli(capsys, *argv, str(tmp_path / "run"))
+    assert code == 130 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1] == (f"mrp: interrupted; 2 of 4 samples are saved in {samples}; "
+                                    "rerun the same command to resume")
+    monkeypatch.undo()
+    code, out, err = run_cli(capsys, *argv, str(tmp_path / "run"))
+    assert code == 0 and json.loads(out.splitlines()[-1])["decoded"] == 2
+    assert samples.read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
 
 
 def test_train_backbone_smoke(tmp_path, capsys):

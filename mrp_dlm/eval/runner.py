@@ -64,6 +64,15 @@ class EvalResult:
                 **self.stats.to_dict()}
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `evaluate_to_dir`; the message says what is saved and how to resume."""
+
+
+def check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
 def check_config(pipe: Pipeline, config: DecodeConfig) -> None:
     """Raise ValueError now, before any output is written, if `pipe` cannot decode `config`."""
     config.resolve(pipe.model.config)
@@ -81,8 +90,7 @@ def evaluate_batches(pipe: Pipeline, task: Task, examples: list[Example], config
                      batch_size: int = EVAL_BATCH_SIZE,
                      bar: tqdm | None = None) -> Iterator[BatchResult]:
     """Decode (chat template when the model has one) and grade, one batch at a time."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_batch_size(batch_size)
     chat = pipe.tokenizer is not None and pipe.tokenizer.chat_template is not None
     for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
@@ -117,20 +125,34 @@ def evaluate_to_dir(pipe: Pipeline, task: Task, examples: list[Example], run: st
     if len(set(uids)) != len(uids):
         raise ValueError(f"{task.name}: the examples' uids are not unique; cannot resume by uid")
     config = run.identity.config
+    check_batch_size(batch_size)
     check_config(pipe, config)
     began = time.perf_counter()
     records = run.open()
     todo = [example for example in examples if example.uid not in records]
-    stats = DecodeStats()
     with progress_bar(task, config, len(examples), len(examples) - len(todo), progress) as bar:
-        for batch in evaluate_batches(pipe, task, todo, config, batch_size, bar):
-            run.append([sample.record() for sample in batch.samples])
-            records.update({sample.uid: sample.record() for sample in batch.samples})
-            stats = stats + batch.stats
+        try:
+            stats = decode_missing(pipe, task, todo, run, records, batch_size, bar)
+        except KeyboardInterrupt:
+            saved = sum(uid in records for uid in uids)
+            raise RunInterrupted(f"interrupted; {saved} of {len(uids)} samples are saved in "
+                                 f"{run.path / store.SAMPLES_FILE}; rerun the same command to "
+                                 "resume") from None
     summary = run_summary(run.identity, [records[uid] for uid in uids], len(todo), stats,
                           time.perf_counter() - began)
     run.write_summary(summary)
     return summary
+
+
+def decode_missing(pipe: Pipeline, task: Task, todo: list[Example], run: store.RunDir,
+                   records: dict[str, dict], batch_size: int, bar: tqdm) -> DecodeStats:
+    """Decode `todo`, appending each graded batch to the run and to `records`."""
+    stats = DecodeStats()
+    for batch in evaluate_batches(pipe, task, todo, run.identity.config, batch_size, bar):
+        run.append([sample.record() for sample in batch.samples])
+        records.update({sample.uid: sample.record() for sample in batch.samples})
+        stats = stats + batch.stats
+    return stats
 
 
 def run_summary(run: store.RunIdentity, records: list[dict], decoded: int, stats: DecodeStats,

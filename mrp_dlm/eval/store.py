@@ -98,6 +98,15 @@ def read_samples(path: Path) -> list[dict]:
     return records
 
 
+def check_out_dir(path: Path) -> None:
+    """Refuse an output directory that a file stands in the way of (before anything is written)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at the latest
+    if existing == path and not path.is_dir():
+        raise ValueError(f"{path} exists and is not a directory; give --out a directory")
+    if not existing.is_dir():
+        raise ValueError(f"{path} cannot be a directory: {existing} is not a directory")
+
+
 @dataclass(frozen=True)
 class RunDir:
     """A run directory and the identity its samples must have."""
@@ -107,6 +116,7 @@ class RunDir:
 
     def open(self) -> dict[str, dict]:
         """Create or reopen the directory; the records already there, by uid."""
+        check_out_dir(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         check_identity(self.path, self.identity)
         return {record["uid"]: record for record in read_samples(self.path / SAMPLES_FILE)}

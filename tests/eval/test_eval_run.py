@@ -118,4 +118,6 @@ def test_bad_runs_fail_before_writing(pipe, tmp_path):
     speculative = identity(pipe, config=DecodeConfig(mode="speculative", max_new_tokens=MAX_NEW))
     with pytest.raises(ValueError, match="needs an MRP head"):
         evaluate_to_dir(headless, task, examples, store.RunDir(tmp_path / "b", speculative))
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        evaluate_to_dir(pipe, task, examples, store.RunDir(tmp_path / "c", identity(pipe)), 0)
+    assert not any((tmp_path / name).exists() for name in "abc")
