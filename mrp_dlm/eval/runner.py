@@ -25,6 +25,7 @@ from mrp_dlm.eval.tasks.common import Example, Task
 from mrp_dlm.pipeline import Pipeline
 
 EVAL_BATCH_SIZE = 16  # prompts per decode call
+SPEED_KEYS = ("stats_note", "stats", "wall_seconds")  # summary figures of one decoding invocation
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ def evaluate_to_dir(pipe: Pipeline, task: Task, examples: list[Example], run: st
                                  "resume") from None
     summary = run_summary(run.identity, [records[uid] for uid in uids], len(todo), stats,
                           time.perf_counter() - began)
+    if not todo:
+        summary = keep_speed(summary, run.read_summary())
     run.write_summary(summary)
     return summary
 
@@ -155,14 +158,29 @@ def decode_missing(pipe: Pipeline, task: Task, todo: list[Example], run: store.R
     return stats
 
 
+def stats_note(decoded: int, resumed: int) -> str:
+    """What the speed figures of a summary cover (the samples of one decoding invocation)."""
+    if not decoded:
+        return "no sample was decoded, so there are no speed figures"
+    if not resumed:
+        return f"stats cover all {decoded} samples"
+    return (f"stats cover the {decoded} samples decoded by the last invocation that decoded "
+            f"any; the other {resumed} were already in {store.SAMPLES_FILE}")
+
+
+def keep_speed(summary: dict, previous: dict | None) -> dict:
+    """A rerun with nothing left to decode keeps the speed figures measured before."""
+    if previous is None or "stats" not in previous:
+        return summary
+    return {**summary, **{key: previous[key] for key in SPEED_KEYS if key in previous}}
+
+
 def run_summary(run: store.RunIdentity, records: list[dict], decoded: int, stats: DecodeStats,
                 seconds: float) -> dict:
     """Accuracy over every record; speed over the `decoded` samples of this invocation."""
     correct = sum(bool(record["correct"]) for record in records)
     resumed = len(records) - decoded
-    note = (f"stats cover the {decoded} samples decoded by this invocation; "
-            f"{resumed} were already in {store.SAMPLES_FILE}") if resumed else \
-        f"stats cover all {decoded} samples"
+    note = stats_note(decoded, resumed)
     return {**run.to_dict(), "n": len(records), "correct": correct,
             "accuracy": round(correct / max(len(records), 1), 4),
             "decoded": decoded, "resumed": resumed, "stats_note": note,

@@ -2,7 +2,8 @@
 
     DIR/run.json        the run's identity: task, data file, model, head, dtype, decode config
     DIR/samples.jsonl   one JSON object per graded sample, appended batch by batch
-    DIR/summary.json    accuracy over every sample, speed of this invocation, wall time
+    DIR/summary.json    accuracy over every sample; speed and wall time of the last
+                        invocation that decoded any
 
 A run reopened with the same identity resumes: samples already in samples.jsonl are kept
 and skipped. A kill can leave a torn last line; it is dropped (and the file repaired), so
@@ -127,6 +128,13 @@ class RunDir:
             handle.write("".join(json.dumps(record) + "\n" for record in records))
             handle.flush()
             os.fsync(handle.fileno())
+
+    def read_summary(self) -> dict | None:
+        """The summary an earlier invocation wrote; None when there is none to read."""
+        try:
+            return json.loads((self.path / SUMMARY_FILE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
 
     def write_summary(self, summary: dict) -> None:
         write_json(self.path / SUMMARY_FILE, summary)

@@ -64,9 +64,20 @@ def test_resume_decodes_only_the_new_samples(pipe, tmp_path):
     assert (summary["n"], summary["decoded"], summary["resumed"]) == (4, 2, 2)
     assert records[:2] == first and len({r["uid"] for r in records}) == 4
     assert summary["stats"]["tokens"] == sum(r["tokens"] for r in records[2:])
-    assert "this invocation" in summary["stats_note"]
+    assert "the last invocation that decoded any" in summary["stats_note"]
     again = run_eval(pipe, tmp_path, 4)
     assert again["decoded"] == 0 and again["correct"] == summary["correct"]
+
+
+def test_rerunning_a_finished_run_keeps_its_speed_figures(pipe, tmp_path):
+    first = run_eval(pipe, tmp_path, 3)
+    assert first["stats"]["tokens_per_second"] > 0
+    for _ in range(2):
+        again = run_eval(pipe, tmp_path, 3)
+        assert (again["decoded"], again["resumed"]) == (0, 3)
+        assert {key: again[key] for key in ("stats", "stats_note", "wall_seconds")} == \
+            {key: first[key] for key in ("stats", "stats_note", "wall_seconds")}
+        assert json.loads((tmp_path / store.SUMMARY_FILE).read_text()) == again
 
 
 def test_a_torn_last_line_is_dropped_and_decoded_again(pipe, tmp_path):
