@@ -54,11 +54,20 @@ def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
     return 0
 
 
+def training_log():
+    """Training logs where it resumed from and each save at INFO: show them, above the bar."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    logging.getLogger("mrp_dlm.training").setLevel(logging.INFO)
+    return logging_redirect_tqdm()
+
+
 def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int:
     from mrp_dlm.training.loop import train_backbone
 
     config = build_dataclass(TrainConfig, args, train_fields)
-    out = train_backbone(config)
+    with training_log():
+        out = train_backbone(config)
     print(f"checkpoint written to {out}")
     return 0
 
@@ -67,7 +76,8 @@ def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
     from mrp_dlm.training.head_loop import train_head
 
     config = build_dataclass(HeadTrainConfig, args, train_fields)
-    out = train_head(config)
+    with training_log():
+        out = train_head(config)
     print(f"head written to {out}")
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -194,6 +195,21 @@ def test_train_backbone_smoke(tmp_path, capsys):
                              "--seq-len", "128", "--vocab-size", "300")
     assert code == 0, err
     assert (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file()
+
+
+def test_train_resume_says_what_it_resumes_from(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="mrp_dlm.training")
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    argv = ["train", "backbone", "--out", str(out_dir), "--preset", "tiny", "--steps", "2",
+            "--train-examples", "40", "--batch-size", "2", "--seq-len", "128",
+            "--vocab-size", "300", "--resume"]
+    assert run_cli(capsys, *argv)[0] == 0
+    assert (f"--resume: nothing to resume in {out_dir} (no train_state.pt); starting from "
+            "scratch") in caplog.text
+    caplog.clear()
+    assert run_cli(capsys, *argv)[0] == 0
+    assert f"resuming from step 2 of 2 ({out_dir / 'train_state.pt'})" in caplog.text
 
 
 BAD_GENERATE = {

@@ -244,7 +244,9 @@ def read_train_state(out: Path, config, device: str,
     if fingerprint_weights(out) != state["weights_sha256"]:
         raise ValueError(f"{out}: the weights do not match {STATE_FILE} (a save was interrupted); "
                          "start the run again in a fresh directory")
-    return state["optimizer"], Progress(**state["progress"])
+    progress = Progress(**state["progress"])
+    log.info("resuming from step %d of %d (%s)", progress.step, config.steps, out / STATE_FILE)
+    return state["optimizer"], progress
 
 
 def load_checkpoint(out: Path, config: TrainConfig) -> tuple[Backbone, dict, Progress]:
@@ -278,7 +280,8 @@ def is_resuming(out: Path, resume: bool) -> bool:
         raise ValueError(f"{out} already holds a training run; pass --resume to continue it "
                          "or choose another --out")
     if resume and not has_state:
-        log.info("no checkpoint in %s; starting a fresh run", out)
+        log.warning("--resume: nothing to resume in %s (no %s); starting from scratch",
+                    out, STATE_FILE)
     return resume and has_state
 
 
