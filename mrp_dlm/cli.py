@@ -11,7 +11,7 @@ from pathlib import Path
 from mrp_dlm.config import DecodeConfig, HeadTrainConfig, TrainConfig
 from mrp_dlm.eval.bench import BENCH_BATCH_SIZE
 from mrp_dlm.eval.demo import DEMO_PROBLEMS
-from mrp_dlm.eval.grid import DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
+from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.runner import EVAL_BATCH_SIZE
 from mrp_dlm.eval.tasks.common import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
@@ -85,9 +85,29 @@ def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
 def format_table(rows: list[dict], columns: list[str]) -> str:
     cells = [[str(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
     return "\n".join(lines)
+
+
+DEMO_COLUMNS = ["task", "mode", "setting", "accuracy", "tokens/forward", "tokens/s",
+                "speedup vs static", "lossless"]
+
+
+def demo_cells(row: dict) -> dict:
+    """A demo row as the table shows it: percentages, ratios, yes/no."""
+    speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+    lossless = "reference" if row["mode"] == BASELINE else ("yes" if row["lossless"] else "no")
+    return {"task": row["task"], "mode": row["mode"], "setting": row["setting"] or "-",
+            "accuracy": f"{row['accuracy']:.0%}", "tokens/forward": f"{row['tokens_per_forward']:.2f}",
+            "tokens/s": f"{row['tokens_per_second']:.0f}", "speedup vs static": speedup,
+            "lossless": lossless}
+
+
+def demo_legend(problems: int) -> str:
+    return (f"accuracy: share of {problems} held-out problems per task solved; tokens/forward: "
+            "tokens per backbone forward; speedup: tokens/s over static's, measured in this run; "
+            "lossless: output identical to static by construction")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -97,14 +117,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--problems must be >= 1, got {args.problems}")
     pipe = load_pipeline(args, None)
     print(f"mrp demo: {pipe.directory}, {args.problems} held-out problems per task")
-    report = run_demo(pipe, args.problems)
-    print(format_table(report.rows, ["task", "mode", "setting", "accuracy", "tokens_per_forward",
-                                     "tokens_per_second", "backbone_forwards"]))
+    report = run_demo(pipe, args.problems, progress=True)
+    if report.dropped:
+        print(f"note: no MRP head (give --head DIR), so {', '.join(report.dropped)} are left out")
+    print(format_table([demo_cells(row) for row in report.rows], DEMO_COLUMNS))
+    print(demo_legend(args.problems))
     for result in report.results[:: max(len(report.results) // 2, 1)][:2]:
         sample = result.samples[0]
         print(f"\n--- {result.task} ({result.config.mode}), "
               f"{'correct' if sample.correct else 'wrong'}\n{sample.problem}\n>>> {sample.completion}")
-    print(json.dumps({"demo": report.rows}))
+    if args.json:
+        print(json.dumps({"demo": report.rows}))
     return 0
 
 
@@ -223,6 +246,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     add_model_flags(demo)
     demo.add_argument("--problems", type=int, default=DEMO_PROBLEMS,
                       help=f"problems per task (default: {DEMO_PROBLEMS})")
+    demo.add_argument("--json", action="store_true", help="end with one JSON line of the rows")
 
     train = commands.add_parser("train", help="train a backbone or an MRP head")
     targets = train.add_subparsers(dest="target", required=True)

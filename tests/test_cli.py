@@ -38,12 +38,29 @@ def test_generate_json_for_each_baseline_mode(saved_model_and_head, capsys, mode
 def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     model_dir, head_dir = saved_model_and_head
     code, out, err = run_cli(capsys, "demo", "--model", str(model_dir), "--head", str(head_dir),
-                             "--problems", "2")
+                             "--problems", "2", "--json")
     assert code == 0, err
     report = json.loads(out.strip().splitlines()[-1])["demo"]
     modes = {(row["task"], row["mode"]) for row in report}
     assert ("arith", "speculative") in modes and ("arith-code", "static") in modes
     assert all(row["n"] == 2 for row in report)
+    lines = out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("task")))
+    assert lines[header].split()[-5:] == ["tokens/s", "speedup", "vs", "static", "lossless"]
+    table = {tuple(line.split()[:2]): line.split() for line in lines[header + 1:header + 11]}
+    assert table["arith", "static"][-2:] == ["1.00x", "reference"]
+    assert table["arith", "speculative"][-1] == "yes" and table["arith", "direct"][-1] == "no"
+    assert lines[header + 11].startswith("accuracy: share of 2 held-out problems per task")
+    for bar in ("warm-up arith", "arith static", "arith-code speculative:3"):
+        assert bar in err  # progress per task and mode
+
+
+def test_demo_prints_json_only_when_asked(saved_model_and_head, capsys):
+    model_dir, _ = saved_model_and_head
+    code, out, err = run_cli(capsys, "demo", "--model", str(model_dir), "--problems", "1")
+    assert code == 0, err
+    assert "note: no MRP head" in out
+    assert not any(line.startswith('{"demo"') for line in out.splitlines())
 
 
 def test_eval_writes_and_resumes(saved_model_and_head, tmp_path, capsys):
@@ -70,6 +87,7 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
                              "--limit", "2", "--max-new-tokens", "6", "--out", str(tmp_path))
     assert code == 0, err
     assert "| arith-code | speculative:2 |" in out
+    assert "warm-up arith-code" in err and "arith-code speculative:2" in err  # progress
     report = json.loads(out.strip().splitlines()[-1])
     assert [row["label"] for row in report["rows"]] == ["static", "speculative:2", "dynamic:0.5"]
     assert report["config"]["head"] == str(head_dir.resolve())
