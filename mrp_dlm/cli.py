@@ -99,7 +99,8 @@ def demo_cells(row: dict) -> dict:
     speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
     lossless = "reference" if row["mode"] == BASELINE else ("yes" if row["lossless"] else "no")
     return {"task": row["task"], "mode": row["mode"], "setting": row["setting"] or "-",
-            "accuracy": f"{row['accuracy']:.0%}", "tokens/forward": f"{row['tokens_per_forward']:.2f}",
+            "accuracy": f"{row['accuracy']:.0%}",
+            "tokens/forward": f"{row['tokens_per_forward']:.2f}",
             "tokens/s": f"{row['tokens_per_second']:.0f}", "speedup vs static": speedup,
             "lossless": lossless}
 

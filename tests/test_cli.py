@@ -134,9 +134,9 @@ LOOKAHEAD_BEYOND_BLOCK = {  # the tiny model's blocks hold 4 tokens
              "lookahead (5) cannot exceed block_size (4)"),
     "bench": (["bench", "--task", "arith", "--grid", "speculative:5"],
               "grid entry 'speculative:5': lookahead (5) cannot exceed block_size (4)"),
-    "bench, block size given": (["bench", "--task", "arith", "--grid", "direct:9",
-                                 "--block-size", "4"],
-                                "grid entry 'direct:9': lookahead (9) cannot exceed block_size (4)"),
+    "bench, block size given": (
+        ["bench", "--task", "arith", "--grid", "direct:9", "--block-size", "4"],
+        "grid entry 'direct:9': lookahead (9) cannot exceed block_size (4)"),
 }
 
 

@@ -2,7 +2,8 @@
 
 `evaluate_batches` decodes and grades batch by batch, so a caller can save each batch as
 soon as it is graded; `evaluate` collects them; `evaluate_to_dir` is the resumable
-`mrp eval` run over a run directory (see `store.py`).
+`mrp eval` run over a run directory (see `store.py`). Ctrl-C there raises `RunInterrupted`,
+whose message says how many samples are saved; rerunning resumes from them.
 
 Deliberately not here: the tasks themselves (see `tasks/`), the run directory's file
 formats (`store.py`), comparing modes (`bench.py`) and printing.
