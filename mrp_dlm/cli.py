@@ -11,7 +11,7 @@ from pathlib import Path
 from mrp_dlm.config import DecodeConfig, HeadTrainConfig, TrainConfig
 from mrp_dlm.eval.bench import BENCH_BATCH_SIZE
 from mrp_dlm.eval.demo import DEMO_PROBLEMS
-from mrp_dlm.eval.grid import DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
+from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.runner import EVAL_BATCH_SIZE
 from mrp_dlm.eval.tasks.common import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
@@ -54,11 +54,20 @@ def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
     return 0
 
 
+def training_log():
+    """Training logs where it resumed from and each save at INFO: show them, above the bar."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    logging.getLogger("mrp_dlm.training").setLevel(logging.INFO)
+    return logging_redirect_tqdm()
+
+
 def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int:
     from mrp_dlm.training.loop import train_backbone
 
     config = build_dataclass(TrainConfig, args, train_fields)
-    out = train_backbone(config)
+    with training_log():
+        out = train_backbone(config)
     print(f"checkpoint written to {out}")
     return 0
 
@@ -67,7 +76,8 @@ def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
     from mrp_dlm.training.head_loop import train_head
 
     config = build_dataclass(HeadTrainConfig, args, train_fields)
-    out = train_head(config)
+    with training_log():
+        out = train_head(config)
     print(f"head written to {out}")
     return 0
 
@@ -75,9 +85,30 @@ def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
 def format_table(rows: list[dict], columns: list[str]) -> str:
     cells = [[str(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
     return "\n".join(lines)
+
+
+DEMO_COLUMNS = ["task", "mode", "setting", "accuracy", "tokens/forward", "tokens/s",
+                "speedup vs static", "lossless"]
+
+
+def demo_cells(row: dict) -> dict:
+    """A demo row as the table shows it: percentages, ratios, yes/no."""
+    speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
+    lossless = "reference" if row["mode"] == BASELINE else ("yes" if row["lossless"] else "no")
+    return {"task": row["task"], "mode": row["mode"], "setting": row["setting"] or "-",
+            "accuracy": f"{row['accuracy']:.0%}",
+            "tokens/forward": f"{row['tokens_per_forward']:.2f}",
+            "tokens/s": f"{row['tokens_per_second']:.0f}", "speedup vs static": speedup,
+            "lossless": lossless}
+
+
+def demo_legend(problems: int) -> str:
+    return (f"accuracy: share of {problems} held-out problems per task solved; tokens/forward: "
+            "tokens per backbone forward; speedup: tokens/s over static's, measured in this run; "
+            "lossless: output identical to static by construction")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -87,21 +118,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--problems must be >= 1, got {args.problems}")
     pipe = load_pipeline(args, None)
     print(f"mrp demo: {pipe.directory}, {args.problems} held-out problems per task")
-    report = run_demo(pipe, args.problems)
-    print(format_table(report.rows, ["task", "mode", "setting", "accuracy", "tokens_per_forward",
-                                     "tokens_per_second", "backbone_forwards"]))
+    report = run_demo(pipe, args.problems, progress=True)
+    if report.dropped:
+        print(f"note: no MRP head (give --head DIR), so {', '.join(report.dropped)} are left out")
+    print(format_table([demo_cells(row) for row in report.rows], DEMO_COLUMNS))
+    print(demo_legend(args.problems))
     for result in report.results[:: max(len(report.results) // 2, 1)][:2]:
         sample = result.samples[0]
         print(f"\n--- {result.task} ({result.config.mode}), "
               f"{'correct' if sample.correct else 'wrong'}\n{sample.problem}\n>>> {sample.completion}")
-    print(json.dumps({"demo": report.rows}))
+    if args.json:
+        print(json.dumps({"demo": report.rows}))
     return 0
 
 
 def load_examples(args: argparse.Namespace) -> tuple:
-    """The task and its first --limit test examples (before any model loads, to fail fast)."""
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    """The task and its first --limit test examples, after checking the task flags (before
+    any model loads or any file is written, to fail fast)."""
+    from mrp_dlm.eval.store import check_out_dir
+
+    for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    check_out_dir(Path(args.out))
     task = get_task(args.task, args.data)
     return task, task.examples("test", args.limit)
 
@@ -111,7 +150,7 @@ def source_of(args: argparse.Namespace, task, pipe) -> dict:
     from mrp_dlm.eval.provenance import head_dir
 
     return dict(task=task.name, data=str(Path(args.data).resolve()) if args.data else None,
-                model=str(pipe.directory.resolve()), head=head_dir(pipe, args.head),
+                model=str(pipe.directory.resolve()), head=head_dir(pipe),
                 dtype=args.dtype)
 
 
@@ -140,7 +179,7 @@ def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
     configs = parse_grid(args.grid, build_dataclass(DecodeConfig, args, decode_fields))
     task, examples = load_examples(args)
     pipe = load_pipeline(args, configs[0].block_size)
-    configs, dropped = bench.split_by_head(configs, pipe.head is not None)
+    configs, dropped = bench.split_by_head(configs, pipe.head_dir is not None)
     if dropped:
         print(f"note: no MRP head (give --head DIR), so {', '.join(dropped)} are left out")
     grids = bench.run_bench(pipe, [(task, examples)], configs, args.batch_size, progress=True)
@@ -208,6 +247,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     add_model_flags(demo)
     demo.add_argument("--problems", type=int, default=DEMO_PROBLEMS,
                       help=f"problems per task (default: {DEMO_PROBLEMS})")
+    demo.add_argument("--json", action="store_true", help="end with one JSON line of the rows")
 
     train = commands.add_parser("train", help="train a backbone or an MRP head")
     targets = train.add_subparsers(dest="target", required=True)
@@ -236,9 +276,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train_backbone(args, fields["train backbone"])
         if args.command == "train" and args.target == "head":
             return cmd_train_head(args, fields["train head"])
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:
         print(f"mrp: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:  # a resumable run says what it saved
+        print(f"mrp: {error or 'interrupted'}", file=sys.stderr)
+        return 130
     parser.error(f"unknown command {args.command}")
     return 2
 

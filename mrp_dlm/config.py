@@ -19,6 +19,7 @@ SDAR_STOP_TOKEN_IDS = (151645, 151643)
 
 STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only modes
 MRP_MODES = ("direct", "speculative", "remask")  # modes that need an MRP head
+LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
 REMASK_RULES = ("confidence", "delta")
 
@@ -105,6 +106,8 @@ class DecodeConfig:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.block_size is not None and self.steps is not None and self.steps > self.block_size:
             raise ValueError(f"steps ({self.steps}) cannot exceed block_size ({self.block_size})")
+        if self.block_size is not None:
+            self.check_lookahead(self.block_size)
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
         if self.entropy_bound < 0:
@@ -118,12 +121,19 @@ class DecodeConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
+    def check_lookahead(self, block_size: int) -> None:
+        """K head steps look ahead within one block: K beyond L only costs time."""
+        if self.mode in LOOKAHEAD_MODES and self.lookahead > block_size:
+            raise ValueError(f"lookahead ({self.lookahead}) cannot exceed block_size "
+                             f"({block_size})")
+
     def resolve(self, model: BackboneConfig) -> "BlockSchedule":
         """Fill the model-dependent defaults and check them against the model."""
         block_size = self.block_size or model.block_size
         steps = self.steps or block_size
         if steps > block_size:
             raise ValueError(f"steps ({steps}) cannot exceed block_size ({block_size})")
+        self.check_lookahead(block_size)
         if self.mode == "speculative" and steps != block_size:
             raise ValueError("speculative decoding verifies the one-token-per-step static "
                              f"decode; steps must equal block_size ({block_size}) or be unset")

@@ -9,13 +9,14 @@ Deliberately not here: argument parsing (see `cli.py`) and decoding internals.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import torch
 
-from mrp_dlm.config import DecodeConfig
+from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
@@ -23,7 +24,7 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
 from mrp_dlm.model.loading import DTYPES, load_backbone
-from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
+from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 
 
 def embedded_model_dir() -> Path:
@@ -48,33 +49,47 @@ class Pipeline:
     model: Backbone
     tokenizer: TextTokenizer | None
     directory: Path
-    head: MRPHead | None = None  # needed by the direct, speculative and remask modes
+    head_dir: Path | None = None  # MRP head checkpoint, read when a mode first needs the head
+
+    @functools.cached_property
+    def head(self) -> MRPHead | None:
+        """The MRP head, read on first use: only the MRP modes load it, so a head that does
+        not fit (trained for another block size, say) never stops the other modes."""
+        return None if self.head_dir is None else load_head(self.head_dir, self.model)
+
+    def head_for(self, config: DecodeConfig) -> MRPHead | None:
+        """The head `config` decodes with; None for the modes that use none."""
+        return self.head if config.mode in MRP_MODES else None
 
     @classmethod
     def load(cls, directory: str | Path | None = None, dtype: str = "float32",
              device: str = "cpu", mask_token_id: int | None = None,
              block_size: int | None = None, head: str | Path | None = None) -> "Pipeline":
-        """Load a checkpoint directory; None means the embedded model (and its head)."""
+        """Load a checkpoint directory; None means the embedded model (and its head).
+
+        The head is only located here; it is read when an MRP mode first decodes.
+        """
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
         path = Path(directory) if directory is not None else embedded_model_dir()
         if directory is None and not (path / "config.json").is_file():
             raise FileNotFoundError("no --model given and this install has no embedded model")
-        model = load_backbone(path, DTYPES[dtype], torch.device(device), mask_token_id, block_size)
+        model = load_backbone(path, DTYPES[dtype], device, mask_token_id, block_size)
         if head is None and directory is None and (embedded_head_dir() / "config.json").is_file():
             head = embedded_head_dir()
-        mrp_head = load_head(head, model, block_size) if head is not None else None
-        return cls(model=model, tokenizer=load_tokenizer(path), directory=path, head=mrp_head)
+        return cls(model=model, tokenizer=load_tokenizer(path), directory=path,
+                   head_dir=Path(head) if head is not None else None)
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         if self.tokenizer is None:
             raise ValueError(f"{self.directory} has no tokenizer; pass token ids instead")
         if not prompt:
             raise ValueError("the prompt is empty")
+        check_utf8(prompt, "the prompt")
         return self.tokenizer.encode(self.tokenizer.render_chat(prompt) if chat else prompt)
 
     def generate(self, prompts: list[str], config: DecodeConfig, chat: bool = False) -> GenerateOutput:
         ids = [self.encode(prompt, chat) for prompt in prompts]
-        result = generate(self.model, ids, config, make_decoder(config, self.head))
+        result = generate(self.model, ids, config, make_decoder(config, self.head_for(config)))
         texts = [self.tokenizer.decode(row) for row in result.token_ids]
         return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats)

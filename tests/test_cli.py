@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
+import torch
 
 from conftest import run_cli
+from mrp_dlm.pipeline import Pipeline
 
 
 def test_generate_prints_text_and_stats(saved_model_and_head, capsys):
@@ -35,12 +38,29 @@ def test_generate_json_for_each_baseline_mode(saved_model_and_head, capsys, mode
 def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     model_dir, head_dir = saved_model_and_head
     code, out, err = run_cli(capsys, "demo", "--model", str(model_dir), "--head", str(head_dir),
-                             "--problems", "2")
+                             "--problems", "2", "--json")
     assert code == 0, err
     report = json.loads(out.strip().splitlines()[-1])["demo"]
     modes = {(row["task"], row["mode"]) for row in report}
     assert ("arith", "speculative") in modes and ("arith-code", "static") in modes
     assert all(row["n"] == 2 for row in report)
+    lines = out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("task")))
+    assert lines[header].split()[-5:] == ["tokens/s", "speedup", "vs", "static", "lossless"]
+    table = {tuple(line.split()[:2]): line.split() for line in lines[header + 1:header + 11]}
+    assert table["arith", "static"][-2:] == ["1.00x", "reference"]
+    assert table["arith", "speculative"][-1] == "yes" and table["arith", "direct"][-1] == "no"
+    assert lines[header + 11].startswith("accuracy: share of 2 held-out problems per task")
+    for bar in ("warm-up arith", "arith static", "arith-code speculative:3"):
+        assert bar in err  # progress per task and mode
+
+
+def test_demo_prints_json_only_when_asked(saved_model_and_head, capsys):
+    model_dir, _ = saved_model_and_head
+    code, out, err = run_cli(capsys, "demo", "--model", str(model_dir), "--problems", "1")
+    assert code == 0, err
+    assert "note: no MRP head" in out
+    assert not any(line.startswith('{"demo"') for line in out.splitlines())
 
 
 def test_eval_writes_and_resumes(saved_model_and_head, tmp_path, capsys):
@@ -67,6 +87,7 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
                              "--limit", "2", "--max-new-tokens", "6", "--out", str(tmp_path))
     assert code == 0, err
     assert "| arith-code | speculative:2 |" in out
+    assert "warm-up arith-code" in err and "arith-code speculative:2" in err  # progress
     report = json.loads(out.strip().splitlines()[-1])
     assert [row["label"] for row in report["rows"]] == ["static", "speculative:2", "dynamic:0.5"]
     assert report["config"]["head"] == str(head_dir.resolve())
@@ -91,6 +112,8 @@ BAD_EVAL = {
     "limit 0": (["eval", "--limit", "0"], "--limit must be >= 1"),
     "data for a generated task": (["eval", "--data", "x.jsonl"], "takes no data file"),
     "mrp mode without head": (["eval", "--mode", "speculative"], "needs an MRP head"),
+    "eval batch size 0": (["eval", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    "bench batch size 0": (["bench", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
 }
 
 
@@ -104,6 +127,85 @@ def test_eval_and_bench_bad_input_fail_cleanly(saved_model_and_head, tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+LOOKAHEAD_BEYOND_BLOCK = {  # the tiny model's blocks hold 4 tokens
+    "generate": (["generate", "--prompt", "hi", "--mode", "direct", "--lookahead", "5"],
+                 "lookahead (5) cannot exceed block_size (4)"),
+    "eval": (["eval", "--task", "arith", "--mode", "speculative", "--lookahead", "5"],
+             "lookahead (5) cannot exceed block_size (4)"),
+    "bench": (["bench", "--task", "arith", "--grid", "speculative:5"],
+              "grid entry 'speculative:5': lookahead (5) cannot exceed block_size (4)"),
+    "bench, block size given": (
+        ["bench", "--task", "arith", "--grid", "direct:9", "--block-size", "4"],
+        "grid entry 'direct:9': lookahead (9) cannot exceed block_size (4)"),
+}
+
+
+@pytest.mark.parametrize("case", LOOKAHEAD_BEYOND_BLOCK)
+def test_lookahead_beyond_the_block_fails_cleanly(saved_model_and_head, tmp_path, capsys, case):
+    model_dir, head_dir = saved_model_and_head
+    argv, message = LOOKAHEAD_BEYOND_BLOCK[case]
+    out_dir = tmp_path / "out"
+    extra = ["--out", str(out_dir)] if argv[0] != "generate" else []
+    code, out, err = run_cli(capsys, *argv, "--model", str(model_dir), "--head", str(head_dir),
+                             "--max-new-tokens", "4", *extra)
+    assert code == 2 and err == f"mrp: error: {message}\n"
+    assert not out_dir.exists()
+
+
+def test_a_head_that_does_not_fit_stops_only_the_modes_that_use_it(saved_model_and_head,
+                                                                     capsys):
+    model_dir, head_dir = saved_model_and_head  # the head was trained at block size 4
+    argv = ["generate", "--model", str(model_dir), "--head", str(head_dir), "--prompt", "hi",
+            "--block-size", "8", "--max-new-tokens", "4"]
+    for mode in ("static", "dynamic"):
+        code, out, err = run_cli(capsys, *argv, "--mode", mode)
+        assert code == 0, err
+    code, out, err = run_cli(capsys, *argv, "--mode", "speculative")
+    assert code == 2 and out == ""
+    assert re.fullmatch(r"mrp: error: the head in \S+ was trained on another backbone: "
+                        r".*block_size: head 4 vs backbone 8.*\n", err), err
+
+
+@pytest.mark.parametrize("command", ["eval", "bench"])
+def test_an_out_that_is_a_file_fails_cleanly(saved_model_and_head, tmp_path, capsys, command):
+    model_dir, _ = saved_model_and_head
+    (tmp_path / "outs").mkdir()
+    path = tmp_path / "outs" / "taken"
+    path.write_text("keep me")
+    for out, message in ((path, f"{path} exists and is not a directory"),
+                         (path / "sub", f"{path / 'sub'} cannot be a directory: {path} is not")):
+        code, stdout, err = run_cli(capsys, command, "--task", "arith", "--model", str(model_dir),
+                                    "--limit", "1", "--out", str(out))
+        assert code == 2 and stdout == "" and err.startswith(f"mrp: error: {message}"), err
+    assert path.read_text() == "keep me" and list(path.parent.iterdir()) == [path]
+
+
+def test_eval_interrupted_says_what_is_saved_and_resumes_exactly(saved_model_and_head, tmp_path,
+                                                                 capsys, monkeypatch):
+    model_dir, _ = saved_model_and_head
+    argv = ["eval", "--task", "arith", "--model", str(model_dir), "--limit", "4",
+            "--batch-size", "2", "--max-new-tokens", "6", "--out"]
+    assert run_cli(capsys, *argv, str(tmp_path / "whole"))[0] == 0
+    generate, calls = Pipeline.generate, []
+
+    def interrupt_the_second_batch(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "generate", interrupt_the_second_batch)
+    samples = tmp_path / "run" / "samples.jsonl"
+    code, out, err = run_cli(capsys, *argv, str(tmp_path / "run"))
+    assert code == 130 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1] == (f"mrp: interrupted; 2 of 4 samples are saved in {samples}; "
+                                    "rerun the same command to resume")
+    monkeypatch.undo()
+    code, out, err = run_cli(capsys, *argv, str(tmp_path / "run"))
+    assert code == 0 and json.loads(out.splitlines()[-1])["decoded"] == 2
+    assert samples.read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
+
+
 def test_train_backbone_smoke(tmp_path, capsys):
     out_dir = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "backbone", "--out", str(out_dir), "--preset", "tiny",
@@ -111,6 +213,21 @@ def test_train_backbone_smoke(tmp_path, capsys):
                              "--seq-len", "128", "--vocab-size", "300")
     assert code == 0, err
     assert (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file()
+
+
+def test_train_resume_says_what_it_resumes_from(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="mrp_dlm.training")
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    argv = ["train", "backbone", "--out", str(out_dir), "--preset", "tiny", "--steps", "2",
+            "--train-examples", "40", "--batch-size", "2", "--seq-len", "128",
+            "--vocab-size", "300", "--resume"]
+    assert run_cli(capsys, *argv)[0] == 0
+    assert (f"--resume: nothing to resume in {out_dir} (no train_state.pt); starting from "
+            "scratch") in caplog.text
+    caplog.clear()
+    assert run_cli(capsys, *argv)[0] == 0
+    assert f"resuming from step 2 of 2 ({out_dir / 'train_state.pt'})" in caplog.text
 
 
 BAD_GENERATE = {
@@ -123,6 +240,10 @@ BAD_GENERATE = {
     "unknown mode": (["--mode", "fastest"], "unknown mode 'fastest'"),
     "too long": (["--max-new-tokens", "100000"], "exceeds the model's maximum length"),
     "mask id outside vocab": (["--mask-token-id", "100000"], "mask_token_id 100000 is outside"),
+    "non-UTF-8 prompt": (["--prompt", "ab\udcff"],  # how argv carries the byte 0xff
+                         r"the prompt is not valid UTF-8 text \(byte 0xff at character 2\)"),
+    "unknown device": (["--device", "foo"], "unknown device 'foo'; available: cpu"),
+    "missing GPU": (["--device", "cuda:99"], "device 'cuda:99' is not available: .*available: cpu"),
 }
 
 
@@ -134,6 +255,37 @@ def test_generate_bad_input_fails_cleanly(saved_model_and_head, capsys, case):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert re.search(message, err), err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_on_a_cpu_only_machine_fails_cleanly(capsys):
+    # README's second example, on a machine without CUDA.
+    code, out, err = run_cli(capsys, "generate", "--dtype", "bfloat16", "--device", "cuda",
+                             "--prompt", "What is 17 * 23?", "--chat")
+    assert code == 2 and out == ""
+    assert re.fullmatch(r"mrp: error: device 'cuda' is not available: .*; available: cpu\n", err)
+
+
+BAD_FILES = {
+    "garbage tokenizer.json": ("tokenizer.json", "garbage",
+                               "tokenizer.json is not a readable tokenizer: expected value"),
+    "config.json a list": ("config.json", "[1, 2]",
+                           "config.json must hold a JSON object, not a list"),
+    "config.json a string": ("config.json", '"sdar"',
+                             "config.json must hold a JSON object, not a string"),
+    "tokenizer_config.json not JSON": ("tokenizer_config.json", "{", "is not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_a_broken_checkpoint_file_fails_cleanly(saved_model_and_head, capsys, case):
+    model_dir, _ = saved_model_and_head
+    name, text, message = BAD_FILES[case]
+    (model_dir / name).write_text(text)
+    code, out, err = run_cli(capsys, "generate", "--model", str(model_dir), "--prompt", "hi",
+                             "--chat", "--max-new-tokens", "4")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"mrp: error: {model_dir / name}") and message in err, err
 
 
 def test_missing_model_dir_fails_cleanly(tmp_path, capsys):

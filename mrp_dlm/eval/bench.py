@@ -22,11 +22,13 @@ import operator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import plots, provenance, store
 from mrp_dlm.eval.grid import LOSSLESS_MODES, grid_label, setting_of
-from mrp_dlm.eval.runner import EvalResult, check_config, evaluate
+from mrp_dlm.eval.runner import EvalResult, check_batch_size, check_config, evaluate
 from mrp_dlm.eval.tasks.common import Example, Task
 from mrp_dlm.model.loading import write_atomic
 from mrp_dlm.pipeline import Pipeline
@@ -65,14 +67,26 @@ def run_bench(pipe: Pipeline, suites: list[tuple[Task, list[Example]]],
     """Warm up on the first suite, then every config on every suite's problems."""
     if configs[0].mode != "static":
         raise ValueError("a benchmark grid starts with static, its reference")
+    check_batch_size(batch_size)
     for config in configs:
-        check_config(pipe, config)
-    task, examples = suites[0]
-    for config in configs:
-        evaluate(pipe, task, examples[:WARMUP_PROBLEMS], config, batch_size)
+        try:
+            check_config(pipe, config)
+        except ValueError as error:
+            raise ValueError(f"grid entry {grid_label(config)!r}: {error}") from None
+    warm_up(pipe, suites[0], configs, batch_size, progress)
     return [GridResults(task.name, tuple(evaluate(pipe, task, examples, config, batch_size,
                                                   progress) for config in configs))
             for task, examples in suites]
+
+
+def warm_up(pipe: Pipeline, suite: tuple[Task, list[Example]], configs: tuple[DecodeConfig, ...],
+            batch_size: int, progress: bool) -> None:
+    """Every config on a suite's first `WARMUP_PROBLEMS` problems, excluded from all numbers."""
+    task, examples = suite
+    bar = tqdm(configs, desc=f"warm-up {task.name}", unit="config", disable=not progress)
+    for config in bar:
+        bar.set_postfix_str(grid_label(config))
+        evaluate(pipe, task, examples[:WARMUP_PROBLEMS], config, batch_size)
 
 
 def pooled_stats(results: list[EvalResult]) -> DecodeStats:

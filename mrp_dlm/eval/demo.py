@@ -29,13 +29,16 @@ DEMO_CONFIGS = (DecodeConfig(mode="static", max_new_tokens=DEMO_MAX_NEW_TOKENS),
 class DemoReport:
     rows: list[dict]  # one bench row per (task, config)
     results: list[EvalResult]  # the evaluations behind the rows, in the same order
+    dropped: list[str]  # labels of the MRP configs left out for want of a head
 
 
-def run_demo(pipe: Pipeline, problems: int = DEMO_PROBLEMS) -> DemoReport:
-    """Every demo config (the MRP ones when the pipeline has a head) on each embedded task."""
-    configs, _ = split_by_head(DEMO_CONFIGS, pipe.head is not None)
+def run_demo(pipe: Pipeline, problems: int = DEMO_PROBLEMS, progress: bool = False) -> DemoReport:
+    """Every demo config (the MRP ones when the pipeline has a head) on each embedded task;
+    `progress` shows a bar per task and mode (and the warm-up) on stderr."""
+    configs, dropped = split_by_head(DEMO_CONFIGS, pipe.head_dir is not None)
     suites = [(task, task.examples("test", problems))
               for task in (get_task(name) for name in EMBEDDED_TASKS)]
-    grids = run_bench(pipe, suites, configs, batch_size=problems)
+    grids = run_bench(pipe, suites, configs, batch_size=problems, progress=progress)
     return DemoReport(rows=[row for grid in grids for row in bench_rows(grid.task, [grid])],
-                      results=[result for grid in grids for result in grid.results])
+                      results=[result for grid in grids for result in grid.results],
+                      dropped=dropped)

@@ -16,16 +16,14 @@ from pathlib import Path
 
 import torch
 
-from mrp_dlm.pipeline import Pipeline, embedded_head_dir
+from mrp_dlm.pipeline import Pipeline
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when run from one
 
 
-def head_dir(pipe: Pipeline, head: str | None) -> str | None:
-    """The head directory a pipeline loaded: the given one, the embedded one, or None."""
-    if pipe.head is None:
-        return None
-    return str(Path(head).resolve() if head is not None else embedded_head_dir())
+def head_dir(pipe: Pipeline) -> str | None:
+    """The head directory of a pipeline (absolute): the given one, the embedded one, or None."""
+    return None if pipe.head_dir is None else str(pipe.head_dir.resolve())
 
 
 def git_commit() -> str:

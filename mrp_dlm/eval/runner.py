@@ -2,7 +2,8 @@
 
 `evaluate_batches` decodes and grades batch by batch, so a caller can save each batch as
 soon as it is graded; `evaluate` collects them; `evaluate_to_dir` is the resumable
-`mrp eval` run over a run directory (see `store.py`).
+`mrp eval` run over a run directory (see `store.py`). Ctrl-C there raises `RunInterrupted`,
+whose message says how many samples are saved; rerunning resumes from them.
 
 Deliberately not here: the tasks themselves (see `tasks/`), the run directory's file
 formats (`store.py`), comparing modes (`bench.py`) and printing.
@@ -25,6 +26,7 @@ from mrp_dlm.eval.tasks.common import Example, Task
 from mrp_dlm.pipeline import Pipeline
 
 EVAL_BATCH_SIZE = 16  # prompts per decode call
+SPEED_KEYS = ("stats_note", "stats", "wall_seconds")  # summary figures of one decoding invocation
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,19 @@ class EvalResult:
                 **self.stats.to_dict()}
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `evaluate_to_dir`; the message says what is saved and how to resume."""
+
+
+def check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
 def check_config(pipe: Pipeline, config: DecodeConfig) -> None:
     """Raise ValueError now, before any output is written, if `pipe` cannot decode `config`."""
     config.resolve(pipe.model.config)
-    make_decoder(config, pipe.head)
+    make_decoder(config, pipe.head_for(config))
 
 
 def progress_bar(task: Task, config: DecodeConfig, total: int, done: int = 0,
@@ -81,8 +92,7 @@ def evaluate_batches(pipe: Pipeline, task: Task, examples: list[Example], config
                      batch_size: int = EVAL_BATCH_SIZE,
                      bar: tqdm | None = None) -> Iterator[BatchResult]:
     """Decode (chat template when the model has one) and grade, one batch at a time."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check_batch_size(batch_size)
     chat = pipe.tokenizer is not None and pipe.tokenizer.chat_template is not None
     for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
@@ -117,20 +127,53 @@ def evaluate_to_dir(pipe: Pipeline, task: Task, examples: list[Example], run: st
     if len(set(uids)) != len(uids):
         raise ValueError(f"{task.name}: the examples' uids are not unique; cannot resume by uid")
     config = run.identity.config
+    check_batch_size(batch_size)
     check_config(pipe, config)
     began = time.perf_counter()
     records = run.open()
     todo = [example for example in examples if example.uid not in records]
-    stats = DecodeStats()
     with progress_bar(task, config, len(examples), len(examples) - len(todo), progress) as bar:
-        for batch in evaluate_batches(pipe, task, todo, config, batch_size, bar):
-            run.append([sample.record() for sample in batch.samples])
-            records.update({sample.uid: sample.record() for sample in batch.samples})
-            stats = stats + batch.stats
+        try:
+            stats = decode_missing(pipe, task, todo, run, records, batch_size, bar)
+        except KeyboardInterrupt:
+            saved = sum(uid in records for uid in uids)
+            raise RunInterrupted(f"interrupted; {saved} of {len(uids)} samples are saved in "
+                                 f"{run.path / store.SAMPLES_FILE}; rerun the same command to "
+                                 "resume") from None
     summary = run_summary(run.identity, [records[uid] for uid in uids], len(todo), stats,
                           time.perf_counter() - began)
+    if not todo:
+        summary = keep_speed(summary, run.read_summary())
     run.write_summary(summary)
     return summary
+
+
+def decode_missing(pipe: Pipeline, task: Task, todo: list[Example], run: store.RunDir,
+                   records: dict[str, dict], batch_size: int, bar: tqdm) -> DecodeStats:
+    """Decode `todo`, appending each graded batch to the run and to `records`."""
+    stats = DecodeStats()
+    for batch in evaluate_batches(pipe, task, todo, run.identity.config, batch_size, bar):
+        run.append([sample.record() for sample in batch.samples])
+        records.update({sample.uid: sample.record() for sample in batch.samples})
+        stats = stats + batch.stats
+    return stats
+
+
+def stats_note(decoded: int, resumed: int) -> str:
+    """What the speed figures of a summary cover (the samples of one decoding invocation)."""
+    if not decoded:
+        return "no sample was decoded, so there are no speed figures"
+    if not resumed:
+        return f"stats cover all {decoded} samples"
+    return (f"stats cover the {decoded} samples decoded by the last invocation that decoded "
+            f"any; the other {resumed} were already in {store.SAMPLES_FILE}")
+
+
+def keep_speed(summary: dict, previous: dict | None) -> dict:
+    """A rerun with nothing left to decode keeps the speed figures measured before."""
+    if previous is None or "stats" not in previous:
+        return summary
+    return {**summary, **{key: previous[key] for key in SPEED_KEYS if key in previous}}
 
 
 def run_summary(run: store.RunIdentity, records: list[dict], decoded: int, stats: DecodeStats,
@@ -138,9 +181,7 @@ def run_summary(run: store.RunIdentity, records: list[dict], decoded: int, stats
     """Accuracy over every record; speed over the `decoded` samples of this invocation."""
     correct = sum(bool(record["correct"]) for record in records)
     resumed = len(records) - decoded
-    note = (f"stats cover the {decoded} samples decoded by this invocation; "
-            f"{resumed} were already in {store.SAMPLES_FILE}") if resumed else \
-        f"stats cover all {decoded} samples"
+    note = stats_note(decoded, resumed)
     return {**run.to_dict(), "n": len(records), "correct": correct,
             "accuracy": round(correct / max(len(records), 1), 4),
             "decoded": decoded, "resumed": resumed, "stats_note": note,

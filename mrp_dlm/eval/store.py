@@ -2,7 +2,8 @@
 
     DIR/run.json        the run's identity: task, data file, model, head, dtype, decode config
     DIR/samples.jsonl   one JSON object per graded sample, appended batch by batch
-    DIR/summary.json    accuracy over every sample, speed of this invocation, wall time
+    DIR/summary.json    accuracy over every sample; speed and wall time of the last
+                        invocation that decoded any
 
 A run reopened with the same identity resumes: samples already in samples.jsonl are kept
 and skipped. A kill can leave a torn last line; it is dropped (and the file repaired), so
@@ -98,6 +99,15 @@ def read_samples(path: Path) -> list[dict]:
     return records
 
 
+def check_out_dir(path: Path) -> None:
+    """Refuse an output directory that a file stands in the way of (before anything is written)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at the latest
+    if existing == path and not path.is_dir():
+        raise ValueError(f"{path} exists and is not a directory; give --out a directory")
+    if not existing.is_dir():
+        raise ValueError(f"{path} cannot be a directory: {existing} is not a directory")
+
+
 @dataclass(frozen=True)
 class RunDir:
     """A run directory and the identity its samples must have."""
@@ -107,6 +117,7 @@ class RunDir:
 
     def open(self) -> dict[str, dict]:
         """Create or reopen the directory; the records already there, by uid."""
+        check_out_dir(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         check_identity(self.path, self.identity)
         return {record["uid"]: record for record in read_samples(self.path / SAMPLES_FILE)}
@@ -117,6 +128,13 @@ class RunDir:
             handle.write("".join(json.dumps(record) + "\n" for record in records))
             handle.flush()
             os.fsync(handle.fileno())
+
+    def read_summary(self) -> dict | None:
+        """The summary an earlier invocation wrote; None when there is none to read."""
+        try:
+            return json.loads((self.path / SUMMARY_FILE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
 
     def write_summary(self, summary: dict) -> None:
         write_json(self.path / SUMMARY_FILE, summary)

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.device import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +34,21 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be read as an SDAR/Qwen3 model."""
 
 
+JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
+
+
 def read_json(path: Path) -> dict:
+    """A JSON file that must hold an object (every checkpoint's JSON files do)."""
     if not path.is_file():
         raise CheckpointError(f"missing file: {path}")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{path} is not valid JSON: {error}") from error
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, not {JSON_KINDS[type(data)]}")
+    return data
 
 
 def read_stop_ids(directory: Path, raw: dict) -> tuple[int, ...]:
@@ -49,7 +58,11 @@ def read_stop_ids(directory: Path, raw: dict) -> tuple[int, ...]:
     eos = raw.get("eos_token_id") if eos is None else eos
     if eos is None:
         return SDAR_STOP_TOKEN_IDS
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise CheckpointError(f"{directory}: eos_token_id must be a token id or a list of ids, "
+                              f"got {eos!r}")
+    return tuple(ids)
 
 
 def check_supported(raw: dict, path: Path) -> None:
@@ -198,7 +211,7 @@ def load_backbone(directory: str | Path, dtype: torch.dtype = torch.float32,
                   device: torch.device | str = "cpu", mask_token_id: int | None = None,
                   block_size: int | None = None) -> Backbone:
     """Read a local HF-format SDAR/Qwen3 checkpoint into a Backbone in eval mode."""
-    directory = Path(directory)
+    directory, device = Path(directory), resolve_device(device)
     config = read_config(directory, mask_token_id, block_size)
     files = weight_files(directory)
     with torch.device("meta"):

@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from mrp_dlm.config import HeadConfig, HeadTrainConfig
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.device import resolve_device
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head, save_head
 from mrp_dlm.model.loading import SINGLE_FILE, load_backbone
@@ -239,6 +240,7 @@ def run_evaluation(run: HeadRun, held_out: list[HeldOutBatch], step: int,
 
 def train_head(config: HeadTrainConfig) -> Path:
     """Train (or resume) an MRP head as configured; returns the output directory."""
+    resolve_device(config.device)  # fail before anything is written
     world = join_world(config.device)
     try:
         out = run_training(config, world)

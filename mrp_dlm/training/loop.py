@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from mrp_dlm.config import BACKBONE_PRESETS, BackboneConfig, TrainConfig
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.device import resolve_device
 from mrp_dlm.model.loading import load_backbone, save_backbone, weight_files, write_atomic
 from mrp_dlm.model.tokenizer import TOKENIZER_FILES, TextTokenizer, load_tokenizer
 from mrp_dlm.training.data import (BatchSchedule, PackedBatch, chat_samples, derive_seed,
@@ -243,7 +244,9 @@ def read_train_state(out: Path, config, device: str,
     if fingerprint_weights(out) != state["weights_sha256"]:
         raise ValueError(f"{out}: the weights do not match {STATE_FILE} (a save was interrupted); "
                          "start the run again in a fresh directory")
-    return state["optimizer"], Progress(**state["progress"])
+    progress = Progress(**state["progress"])
+    log.info("resuming from step %d of %d (%s)", progress.step, config.steps, out / STATE_FILE)
+    return state["optimizer"], progress
 
 
 def load_checkpoint(out: Path, config: TrainConfig) -> tuple[Backbone, dict, Progress]:
@@ -277,7 +280,8 @@ def is_resuming(out: Path, resume: bool) -> bool:
         raise ValueError(f"{out} already holds a training run; pass --resume to continue it "
                          "or choose another --out")
     if resume and not has_state:
-        log.info("no checkpoint in %s; starting a fresh run", out)
+        log.warning("--resume: nothing to resume in %s (no %s); starting from scratch",
+                    out, STATE_FILE)
     return resume and has_state
 
 
@@ -297,6 +301,7 @@ def start_run(config: TrainConfig, out: Path, texts: list[str]
 
 def train_backbone(config: TrainConfig) -> Path:
     """Train (or resume) a backbone as configured; returns the checkpoint directory."""
+    resolve_device(config.device)  # fail before anything is written
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     problems, targets = task_texts(config.task_names, config.train_examples)

@@ -54,6 +54,13 @@ def test_bad_grids_say_what_is_wrong(spec):
         parse_grid(spec, BASE)
 
 
+def test_a_lookahead_beyond_a_given_block_size_fails_while_parsing():
+    with pytest.raises(ValueError, match=r"'speculative:9': lookahead \(9\) cannot exceed "
+                                         r"block_size \(8\)"):
+        parse_grid("speculative:9", DecodeConfig(block_size=8))
+    assert labels("speculative:20,remask:0.5") == ["static", "speculative:20", "remask:0.5"]
+
+
 def test_modes_without_a_head_are_dropped():
     configs = parse_grid("dynamic:0.5,direct:1,speculative:2,remask:0.5", BASE)
     kept, dropped = bench.split_by_head(configs, has_head=False)

@@ -64,9 +64,20 @@ def test_resume_decodes_only_the_new_samples(pipe, tmp_path):
     assert (summary["n"], summary["decoded"], summary["resumed"]) == (4, 2, 2)
     assert records[:2] == first and len({r["uid"] for r in records}) == 4
     assert summary["stats"]["tokens"] == sum(r["tokens"] for r in records[2:])
-    assert "this invocation" in summary["stats_note"]
+    assert "the last invocation that decoded any" in summary["stats_note"]
     again = run_eval(pipe, tmp_path, 4)
     assert again["decoded"] == 0 and again["correct"] == summary["correct"]
+
+
+def test_rerunning_a_finished_run_keeps_its_speed_figures(pipe, tmp_path):
+    first = run_eval(pipe, tmp_path, 3)
+    assert first["stats"]["tokens_per_second"] > 0
+    for _ in range(2):
+        again = run_eval(pipe, tmp_path, 3)
+        assert (again["decoded"], again["resumed"]) == (0, 3)
+        assert {key: again[key] for key in ("stats", "stats_note", "wall_seconds")} == \
+            {key: first[key] for key in ("stats", "stats_note", "wall_seconds")}
+        assert json.loads((tmp_path / store.SUMMARY_FILE).read_text()) == again
 
 
 def test_a_torn_last_line_is_dropped_and_decoded_again(pipe, tmp_path):
@@ -114,8 +125,10 @@ def test_bad_runs_fail_before_writing(pipe, tmp_path):
     with pytest.raises(ValueError, match="not unique"):
         evaluate_to_dir(pipe, task, examples + examples[:1],
                         store.RunDir(tmp_path / "a", identity(pipe)))
-    headless = dataclasses.replace(pipe, head=None)
+    headless = dataclasses.replace(pipe, head_dir=None)
     speculative = identity(pipe, config=DecodeConfig(mode="speculative", max_new_tokens=MAX_NEW))
     with pytest.raises(ValueError, match="needs an MRP head"):
         evaluate_to_dir(headless, task, examples, store.RunDir(tmp_path / "b", speculative))
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        evaluate_to_dir(pipe, task, examples, store.RunDir(tmp_path / "c", identity(pipe)), 0)
+    assert not any((tmp_path / name).exists() for name in "abc")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import socket
 from pathlib import Path
@@ -257,7 +258,7 @@ class Killed(Exception):
     pass
 
 
-def test_resume_gives_identical_weights(model_dir, tmp_path, monkeypatch):
+def test_resume_gives_identical_weights(model_dir, tmp_path, monkeypatch, caplog):
     straight = head_loop.train_head(run_config(model_dir, tmp_path / "straight"))
     real_step = head_loop.train_step
 
@@ -271,7 +272,9 @@ def test_resume_gives_identical_weights(model_dir, tmp_path, monkeypatch):
     with pytest.raises(Killed):
         head_loop.train_head(interrupted)
     monkeypatch.setattr(head_loop, "train_step", real_step)
+    caplog.set_level(logging.INFO, logger="mrp_dlm.training")
     resumed = head_loop.train_head(dataclasses.replace(interrupted, resume=True, eval_every=2))
+    assert f"resuming from step 4 of {interrupted.steps}" in caplog.text
     expected, actual = (load_file(str(out / "model.safetensors")) for out in (straight, resumed))
     assert expected.keys() == actual.keys()
     for name in expected:
