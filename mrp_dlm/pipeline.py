@@ -24,6 +24,7 @@ from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
 from mrp_dlm.model.loading import DTYPES, load_backbone
 from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
+from mrp_dlm.threads import set_inference_threads
 
 
 def embedded_model_dir() -> Path:
@@ -53,14 +54,18 @@ class Pipeline:
     @classmethod
     def load(cls, directory: str | Path | None = None, dtype: str = "float32",
              device: str = "cpu", mask_token_id: int | None = None,
-             block_size: int | None = None, head: str | Path | None = None) -> "Pipeline":
-        """Load a checkpoint directory; None means the embedded model (and its head)."""
+             block_size: int | None = None, head: str | Path | None = None,
+             threads: int | None = None) -> "Pipeline":
+        """Load a checkpoint directory; None means the embedded model (and its head).
+
+        threads: torch's CPU threads; None or 0 chooses by the model's size (`threads.py`)."""
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
         path = Path(directory) if directory is not None else embedded_model_dir()
         if directory is None and not (path / "config.json").is_file():
             raise FileNotFoundError("no --model given and this install has no embedded model")
         model = load_backbone(path, DTYPES[dtype], torch.device(device), mask_token_id, block_size)
+        set_inference_threads(model, device, threads)
         if head is None and directory is None and (embedded_head_dir() / "config.json").is_file():
             head = embedded_head_dir()
         mrp_head = load_head(head, model, block_size) if head is not None else None
