@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import torch
-
 from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
@@ -25,6 +23,7 @@ from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
 from mrp_dlm.model.loading import DTYPES, load_backbone
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
+from mrp_dlm.threads import set_inference_threads
 
 
 def embedded_model_dir() -> Path:
@@ -64,10 +63,12 @@ class Pipeline:
     @classmethod
     def load(cls, directory: str | Path | None = None, dtype: str = "float32",
              device: str = "cpu", mask_token_id: int | None = None,
-             block_size: int | None = None, head: str | Path | None = None) -> "Pipeline":
+             block_size: int | None = None, head: str | Path | None = None,
+             threads: int | None = None) -> "Pipeline":
         """Load a checkpoint directory; None means the embedded model (and its head).
 
         The head is only located here; it is read when an MRP mode first decodes.
+        threads: torch's CPU threads; None or 0 chooses by the model's size (`threads.py`).
         """
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
@@ -75,6 +76,7 @@ class Pipeline:
         if directory is None and not (path / "config.json").is_file():
             raise FileNotFoundError("no --model given and this install has no embedded model")
         model = load_backbone(path, DTYPES[dtype], device, mask_token_id, block_size)
+        set_inference_threads(model, device, threads)
         if head is None and directory is None and (embedded_head_dir() / "config.json").is_file():
             head = embedded_head_dir()
         return cls(model=model, tokenizer=load_tokenizer(path), directory=path,

@@ -1,0 +1,89 @@
+"""How many intra-op threads torch uses for CPU inference, chosen by the model's size.
+
+Every matmul of a forward is a parallel region whose threads meet at a barrier at its end.
+When another process holds one of the cores, the thread scheduled there is preempted and
+the whole region waits for it: on the 2-core development machine with one busy process,
+a forward of the embedded model (1.8M parameters) took 5-50x longer with 2 threads than
+with 1, and even a 1.7B one 3.5x longer at 16 tokens per forward (docs/experiments.md,
+2026-11-30). Idle, a second thread gained at most 1.4x on the embedded model and up to
+1.7-1.8x from ~60M parameters at 64-320 tokens per forward. So the automatic rule is:
+
+    threads = clamp(parameters // PARAMS_PER_THREAD, 1, usable CPUs - 1)
+
+one thread per PARAMS_PER_THREAD parameters (the work that keeps a thread busy long
+enough to pay for its barrier), never every CPU (a laptop is never idle: the one left
+over absorbs the browser, the IDE or a test run), and at least one.
+
+Precedence: an explicit request (`mrp ... --threads N`, `Pipeline.load(threads=N)`) wins;
+else OMP_NUM_THREADS or MKL_NUM_THREADS, when set, are left in force (torch has applied
+them already; they are the standard OpenMP and MKL variables torch reads, and we add none
+of our own); else the rule above. CUDA and other non-CPU devices are left alone.
+
+Deliberately not here: inter-op threads (torch's default is kept), training (`mrp train`
+keeps torch's default: its forwards are large), and process pinning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+PARAMS_PER_THREAD = 50_000_000  # a thread pays for its barrier from this much model per thread
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # the variables torch itself honours
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    threads: int | None  # torch intra-op threads to set; None leaves torch's setting alone
+    reason: str  # why, for the log
+
+
+def auto_threads(parameters: int, cpus: int) -> int:
+    """One thread per PARAMS_PER_THREAD parameters, between 1 and all CPUs but one."""
+    return max(1, min(parameters // PARAMS_PER_THREAD, cpus - 1))
+
+
+def choose_threads(requested: int | None, parameters: int, device: str,
+                   environ: Mapping[str, str], cpus: int) -> ThreadChoice:
+    """The thread count for a model of `parameters` on `device`; requested None or 0 is
+    automatic. Pure: the caller passes the environment and the usable CPU count."""
+    if requested is not None and requested < 0:
+        raise ValueError(f"threads must be >= 0 (0 is automatic), got {requested}")
+    if torch.device(device).type != "cpu":
+        return ThreadChoice(None, f"device {device}: CPU threads left as they are")
+    if requested:
+        return ThreadChoice(requested, "requested")
+    for name in THREAD_ENV_VARS:
+        if environ.get(name, "").strip():
+            return ThreadChoice(None, f"{name}={environ[name]} is set: torch's "
+                                      f"{torch.get_num_threads()} threads kept")
+    threads = auto_threads(parameters, cpus)
+    return ThreadChoice(threads, f"{parameters / 1e6:.1f}M parameters, {cpus} usable CPUs: "
+                                 f"1 thread per {PARAMS_PER_THREAD // 1_000_000}M parameters, "
+                                 "at most all CPUs but one")
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. under taskset or a cpuset)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def set_inference_threads(model: torch.nn.Module, device: str,
+                          requested: int | None = None) -> ThreadChoice:
+    """Choose the threads for inference with `model` on `device`, apply them, log why."""
+    parameters = sum(param.numel() for param in model.parameters())
+    choice = choose_threads(requested, parameters, device, os.environ, usable_cpus())
+    if choice.threads is not None:
+        torch.set_num_threads(choice.threads)
+        log.info("torch threads: %d (%s)", choice.threads, choice.reason)
+    else:
+        log.info("torch threads: unchanged (%s)", choice.reason)
+    return choice
