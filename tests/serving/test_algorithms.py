@@ -12,6 +12,9 @@ a fake model runner (see `fake_engine.py`).
   our own `DecodeConfig(mode="direct")` decoder with a random head;
 - the errors: bad YAML, missing head, fingerprint mismatch (model and block size),
   sampling requests, and at launch tensor parallelism > 1, --no-dllm-fdfo, no YAML.
+
+Every exactness case is a batch whose rows the slow reference decodes with no decision
+within float noise of flipping (`reference.robust_cases`), drawn per backbone and mode.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from mrp_dlm.serving.direct import MrpDirect  # noqa: E402
 from mrp_dlm.serving.head_host import (EmbeddingView, HeadHost, LinearView,  # noqa: E402
                                        load_host_head)
 from mrp_dlm.serving.speculative import MrpSpeculative  # noqa: E402
+from reference import reference_decode, robust_cases  # noqa: E402
+from reference_mrp import reference_mrp_generate  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -66,7 +71,27 @@ def prompt_of(length: int, seed: int) -> list[int]:
     return torch.randint(0, 97, (length,), generator=generator).tolist()
 
 
-PROMPTS = [prompt_of(n, i) for i, n in enumerate(LENGTHS)]
+CANDIDATES = 8  # prompts drawn per row; those with a near-tie decision are skipped
+
+
+def robust_prompts(model, config: DecodeConfig, head: MRPHead | None = None) -> list[list[int]]:
+    """One prompt per LENGTHS whose reference decode under config (an MRP mode with `head`)
+    has every decision margin >= reference.MARGIN."""
+    def decode(prompt):
+        if head is None:
+            return reference_decode(model, prompt, config)
+        return reference_mrp_generate(model, head, prompt, config)
+
+    return [robust_cases((prompt_of(n, i + 100 * j) for j in range(CANDIDATES)), decode, 1)[0][0]
+            for i, n in enumerate(LENGTHS)]
+
+
+@functools.lru_cache(maxsize=None)
+def static_prompts(seed: int, block_size: int, damped: bool) -> list[list[int]]:
+    """The batch of a backbone's static (LowConfidence at threshold 1.0) exactness cases."""
+    return robust_prompts(backbone(seed, block_size, damped),
+                          DecodeConfig(block_size=block_size, max_new_tokens=MAX_NEW[block_size],
+                                       stop_token_ids=()))
 
 
 def host_of_model(model) -> HeadHost:
@@ -100,7 +125,8 @@ def low_confidence(seed: int, block_size: int, damped: bool) -> tuple[tuple, int
     model = backbone(seed, block_size, damped)
     runner = FakeRunner(model, block_size)
     algorithm = LowConfidence(dllm_config("LowConfidence", block_size, threshold=1.0))
-    out = serve(runner, algorithm, PROMPTS, MAX_NEW[block_size], MASK)
+    out = serve(runner, algorithm, static_prompts(seed, block_size, damped), MAX_NEW[block_size],
+                MASK)
     return tuple(tuple(row) for row in out), runner.forwards
 
 
@@ -116,17 +142,18 @@ def test_speculative_equals_low_confidence(tmp_path, block_size, lookahead):
     for seed, damped in ((0, False), (5, True)):
         model = backbone(seed, block_size, damped)
         want, static_forwards = low_confidence(seed, block_size, damped)
+        prompts = static_prompts(seed, block_size, damped)
         config = DecodeConfig(block_size=block_size, max_new_tokens=max_new, stop_token_ids=())
-        static = generate(model, PROMPTS, config, make_decoder(config, None)).token_ids
+        static = generate(model, prompts, config, make_decoder(config, None)).token_ids
         assert [list(r) for r in want] == static, "the fake engine's LowConfidence != our static"
         for name, head in heads(model, seed + lookahead).items():
             head_dir = saved_head(tmp_path / f"{seed}-{name}", model, head)
             runner = runner_with_head(model, block_size, head_dir)
             algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
                                                    lookahead=lookahead))
-            got = serve(runner, algorithm, PROMPTS, max_new, MASK)
+            got = serve(runner, algorithm, prompts, max_new, MASK)
             assert tuple(tuple(r) for r in got) == want, f"seed {seed} head {name}"
-            assert runner.req_to_token_pool.available_size() == runner.free_rows - len(PROMPTS)
+            assert runner.req_to_token_pool.available_size() == runner.free_rows - len(prompts)
             if name == "good" and damped:
                 assert runner.forwards < static_forwards, (runner.forwards, static_forwards)
 
@@ -137,10 +164,11 @@ def test_fallback_without_free_rows_is_exact(tmp_path):
     head_dir = saved_head(tmp_path, model, random_head(model, 1, norm=0.3))
     runner = runner_with_head(model, block_size, head_dir)
     # Room for the two extra rows of one request at a time: the others fall back.
-    taken = runner.req_to_token_pool.alloc_rows(runner.free_rows - len(PROMPTS) - 2)
+    prompts = static_prompts(0, 4, False)
+    taken = runner.req_to_token_pool.alloc_rows(runner.free_rows - len(prompts) - 2)
     algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
                                            lookahead=2))
-    got = serve(runner, algorithm, PROMPTS, MAX_NEW[4], MASK)
+    got = serve(runner, algorithm, prompts, MAX_NEW[4], MASK)
     assert tuple(tuple(r) for r in got) == want
     assert runner.req_to_token_pool.available_size() == 2
     runner.req_to_token_pool.free_rows(taken)
@@ -153,11 +181,12 @@ def test_direct_with_zero_head_is_static_with_more_tokens_per_step(tmp_path, loo
     head_dir = saved_head(tmp_path, model, MRPHead(model.config, HeadConfig(num_layers=1)))
     runner = runner_with_head(model, block_size, head_dir)
     algorithm = MrpDirect(dllm_config("MrpDirect", block_size, head=head_dir, lookahead=lookahead))
-    got = serve(runner, algorithm, PROMPTS, max_new, MASK)
     steps = -(-block_size // (1 + lookahead))
-    want = generate(model, PROMPTS, DecodeConfig(block_size=block_size, steps=steps,
-                                                 max_new_tokens=max_new, stop_token_ids=()),
-                    make_decoder(DecodeConfig(), None)).token_ids
+    config = DecodeConfig(block_size=block_size, steps=steps, max_new_tokens=max_new,
+                          stop_token_ids=())
+    prompts = robust_prompts(model, config)
+    got = serve(runner, algorithm, prompts, max_new, MASK)
+    want = generate(model, prompts, config, make_decoder(DecodeConfig(), None)).token_ids
     if block_size % (1 + lookahead) == 0:
         assert got == want
 
@@ -168,10 +197,11 @@ def test_direct_equals_our_direct_decoder(tmp_path):
     head_dir = saved_head(tmp_path, model, head)
     runner = runner_with_head(model, block_size, head_dir)
     algorithm = MrpDirect(dllm_config("MrpDirect", block_size, head=head_dir, lookahead=2))
-    got = serve(runner, algorithm, PROMPTS, MAX_NEW[4], MASK)
     config = DecodeConfig(mode="direct", block_size=block_size, lookahead=2,
                           max_new_tokens=MAX_NEW[4], stop_token_ids=())
-    want = generate(model, PROMPTS, config, make_decoder(config, runner.model.mrp_head)).token_ids
+    prompts = robust_prompts(model, config, head)
+    got = serve(runner, algorithm, prompts, MAX_NEW[4], MASK)
+    want = generate(model, prompts, config, make_decoder(config, runner.model.mrp_head)).token_ids
     assert got == want
 
 

@@ -18,6 +18,7 @@ require_sglang()
 
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.pipeline import Pipeline, embedded_head_dir, embedded_model_dir  # noqa: E402
+from margins import stable_rows  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]  # an SGLang engine start: 30-70 s
 
@@ -36,11 +37,17 @@ def pipeline():
 
 def test_sglang_speculative_equals_our_static_and_speculative(pipeline, tmp_path, capfd):
     ids = [pipeline.encode(prompt, chat=True) for prompt in PROMPTS]
-    static = pipeline.generate(PROMPTS, DecodeConfig(mode="static", max_new_tokens=MAX_NEW),
-                               chat=True)
+    static_config = DecodeConfig(mode="static", max_new_tokens=MAX_NEW)
+    static = pipeline.generate(PROMPTS, static_config, chat=True)
+    # Only prompts whose static output survives perturbed logits are compared: the engines
+    # compute the same logits with other kernels (tests/margins.py).
+    stable = stable_rows(pipeline.model,
+                         lambda: pipeline.generate(PROMPTS, static_config, chat=True).token_ids,
+                         static.token_ids)
+    assert len(stable) >= len(PROMPTS) - 1, f"only prompts {stable} are stable"
     ours = pipeline.generate(PROMPTS, DecodeConfig(mode="speculative", lookahead=LOOKAHEAD,
                                                    max_new_tokens=MAX_NEW), chat=True)
-    assert ours.token_ids == static.token_ids
+    assert [ours.token_ids[i] for i in stable] == [static.token_ids[i] for i in stable]
     config = tmp_path / "mrp.yaml"
     config.write_text(f"head: {embedded_head_dir()}\nlookahead: {LOOKAHEAD}\n")
     engine = start_engine(embedded_model_dir(), "MrpSpeculative", config)
@@ -52,7 +59,8 @@ def test_sglang_speculative_equals_our_static_and_speculative(pipeline, tmp_path
         stop_engine(engine)
     stops = pipeline.model.config.stop_token_ids
     served = [trim_after_stop(row, stops, MAX_NEW) for row in served]
-    for index, (got, want) in enumerate(zip(served, static.token_ids)):
+    for index in stable:
+        got, want = served[index], static.token_ids[index]
         assert got == want, f"prompt {index}: SGLang {got}\n ours {want}"
     rate = tokens_per_forward(served, log_text)
     print(f"tokens per forward: ours static {static.stats.tokens_per_forward:.3f}, "
