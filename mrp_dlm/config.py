@@ -159,6 +159,10 @@ class BlockSchedule:
         base, extra = divmod(self.block_size, self.steps)
         object.__setattr__(self, "quotas", tuple(base + (s < extra) for s in range(self.steps)))
 
+    def quota(self, step: int) -> int:
+        """n_s of step `step` of a block; steps past `steps` reuse the last quota."""
+        return self.quotas[min(step, self.steps - 1)]
+
 
 @dataclass(frozen=True)
 class HeadConfig:

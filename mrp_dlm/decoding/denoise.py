@@ -1,8 +1,7 @@
 """The reference strategies: static, dynamic, sequential and entropy-bounded denoising.
 
-One block loop, propose -> select -> commit, that differs between strategies only in the
-commit rule. Each step costs one backbone forward (the driver stores the block
-with the next block's first step).
+One step, propose -> select -> commit, that differs between strategies only in the commit
+rule. Each step costs one backbone forward (the driver runs it and the loop).
 
 Shapes: B batch, L block size, V vocab.
 """
@@ -16,6 +15,7 @@ from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import Proposal, SamplingConfig, propose
 from mrp_dlm.decoding.selection import (select_dynamic, select_entropy_bounded, select_sequential,
                                         select_static)
+from mrp_dlm.decoding.step import Advance, Step
 
 
 def sampling_of(config: DecodeConfig) -> SamplingConfig:
@@ -38,7 +38,7 @@ def select(config: DecodeConfig, proposal: Proposal, eligible: torch.Tensor,
 
 
 class DenoiseDecoder:
-    """Block decoder of the four reference strategies."""
+    """Step of the four reference strategies."""
 
     copies = 1
 
@@ -46,16 +46,9 @@ class DenoiseDecoder:
         self.config = config
         self.sampling = sampling_of(config)
 
-    def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
-        schedule = context.schedule
-        for step in range(schedule.block_size):
-            eligible = context.eligible(block)  # (B, L)
-            if not bool(eligible.any()):  # the one small host check per step
-                return block
-            proposal = propose(context.denoise(block).logits, schedule.mask_token_id, self.sampling,
-                               context.positions, step, self.config.mode == "entropy")
-            quota = schedule.quotas[min(step, schedule.steps - 1)]
-            commit = select(self.config, proposal, eligible, quota)  # (B, L)
-            block = torch.where(commit, proposal.tokens, block)
-            context.counters.add_commits(commit)
-        return block
+    def step(self, context: BlockContext, step: Step) -> Advance:
+        rows = step.rows
+        proposal = propose(step.base.logits, context.schedule.mask_token_id, self.sampling,
+                           rows.positions, step.index, self.config.mode == "entropy")
+        commit = select(self.config, proposal, rows.eligible, step.quota)  # (B, L)
+        return Advance(torch.where(commit, proposal.tokens, rows.tokens))

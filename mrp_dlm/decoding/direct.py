@@ -2,7 +2,8 @@
 then K head steps, each committing one more token from A + sum C, unverified.
 
 Up to n_s + K tokens per backbone forward. With a head that predicts no change this is
-static decoding committing n_s + K tokens per step.
+static decoding committing n_s + K tokens per step. `direct_step` is the one copy of the
+step: the library's `DirectDecoder` and the SGLang plugin's `MrpDirect` both call it.
 
 Shapes: B batch, L block size, H hidden, V vocab, K lookahead.
 """
@@ -14,9 +15,34 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.denoise import sampling_of
 from mrp_dlm.decoding.driver import BlockContext
-from mrp_dlm.decoding.sampling import propose
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, propose
 from mrp_dlm.decoding.selection import select_static
-from mrp_dlm.model.head import MRPHead
+from mrp_dlm.decoding.step import Advance, Step
+from mrp_dlm.model.head import HeadBackbone, MRPHead
+
+
+def direct_step(head: MRPHead, backbone: HeadBackbone, step: Step, lookahead: int,
+                sampling: SamplingConfig = GREEDY) -> torch.Tensor:
+    """The block (B, L) after the static rule's `step.quota` picks on the backbone logits
+    and `lookahead` head steps, each picking one more token from A + sum C.
+
+    Sampling draw of head step k: step.index * (lookahead + 1) + k.
+    """
+    rows, mask_token_id = step.rows, backbone.config.mask_token_id
+    draw = step.index * (lookahead + 1)
+
+    def pick(logits, eligible, quota, block, k):
+        proposal = propose(logits, mask_token_id, sampling, rows.positions, draw + k)
+        commit = select_static(proposal.confidence, eligible, quota)  # (B, L)
+        return torch.where(commit, proposal.tokens, block), commit
+
+    block, commit = pick(step.base.logits, rows.eligible, step.quota, rows.tokens, 0)
+    eligible, accumulator = rows.eligible, step.base.hidden  # h_A, then h_A + sum h_C
+    for k in range(1, lookahead + 1):
+        eligible = eligible & ~commit
+        accumulator = head.advance(backbone, block, accumulator, rows.positions)  # (B, L, H)
+        block, commit = pick(backbone.logits(accumulator), eligible, 1, block, k)
+    return block
 
 
 class DirectDecoder:
@@ -26,29 +52,7 @@ class DirectDecoder:
         self.config, self.head = config, head
         self.sampling = sampling_of(config)
 
-    def commit(self, context: BlockContext, block: torch.Tensor, logits: torch.Tensor,
-               eligible: torch.Tensor, quota: int, draw: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Commit the `quota` most confident eligible positions; return (block, commit)."""
-        proposal = propose(logits, context.schedule.mask_token_id, self.sampling,
-                           context.positions, draw)
-        commit = select_static(proposal.confidence, eligible, quota)  # (B, L)
-        context.counters.add_commits(commit)
-        return torch.where(commit, proposal.tokens, block), commit
-
-    def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
-        schedule, K = context.schedule, self.config.lookahead
-        for step in range(schedule.block_size):
-            eligible = context.eligible(block)  # (B, L)
-            if not bool(eligible.any()):
-                return block
-            base = context.denoise(block)
-            quota = schedule.quotas[min(step, schedule.steps - 1)]
-            block, commit = self.commit(context, block, base.logits, eligible, quota, step * (K + 1))
-            accumulator = base.hidden  # (B, L, H): h_A, then h_A + sum h_C
-            for k in range(1, K + 1):
-                eligible = eligible & ~commit
-                accumulator = self.head.advance(context.model, block, accumulator, context.positions)
-                context.counters.stats.head_forwards += 1
-                block, commit = self.commit(context, block, context.model.logits(accumulator),
-                                            eligible, 1, step * (K + 1) + k)
-        return block
+    def step(self, context: BlockContext, step: Step) -> Advance:
+        context.counters.add_head_steps(self.config.lookahead)
+        return Advance(direct_step(self.head, context.model, step, self.config.lookahead,
+                                   self.sampling))

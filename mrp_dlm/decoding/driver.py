@@ -1,8 +1,12 @@
-"""The shared block loop: prompt layout, prefill, per-block denoising, store, stop check.
+"""The shared loops: prompt layout, prefill, the block loop with store and stop check, and
+the step loop inside a block.
 
-Every decoding mode runs through `generate`; a mode differs only in its `BlockDecoder`,
-which turns one block of masks into tokens. Prefill, the store forward, stop handling and
-stats therefore exist once.
+Every decoding mode runs through `generate`; a mode differs only in its `step` (see
+`step.py`), which reveals some positions of one block state. Prefill, the store forward,
+the step loop, the host checks, stop handling and counting therefore exist once.
+
+Host syncs: one per step (does any row still have a position to reveal?) and one per block
+(is any row still generating?); everything else stays on the device.
 
 Store fused with the next block's first step: a finished block's keys and values are
 written by the same forward that runs the next block's first denoise step (the finished
@@ -15,8 +19,8 @@ the same cache slots; a row's positions count from its own first token, so each 
 exactly the tokens it would get alone. A prompt's trailing partial block becomes the
 first decode block with its prompt tokens fixed.
 
-Deliberately not here: commit rules (see `selection.py`) and what a mode does inside a
-block (see `denoise.py` and the MRP modes).
+Deliberately not here: commit rules (see `selection.py`) and what a mode does in a step
+(see `denoise.py` and the MRP modes).
 
 Shapes: B batch, L block size, S cache slots, M candidate copies of a block.
 """
@@ -25,12 +29,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
-
 import torch
 
 from mrp_dlm.config import BlockSchedule, DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
+from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Mode, Step
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.cache import KVCache
 from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask
@@ -61,12 +64,36 @@ def plan_layout(lengths: list[int], block_size: int, max_new_tokens: int) -> Lay
 
 @dataclass
 class Counters:
-    """Running counts of one call; tensor counts stay on the device until the end."""
+    """Running counts of one call, changed only through these methods; tensor counts stay on
+    the device until the end."""
 
     stats: DecodeStats
     committed: torch.Tensor  # () int64
     histogram: torch.Tensor  # (M,) int64, speculative rounds by head drafts accepted
     row_forwards: torch.Tensor  # (2,) int64, row forwards: all, and denoise/verify only
+
+    @classmethod
+    def start(cls, copies: int, device: torch.device) -> "Counters":
+        zeros = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
+        return cls(DecodeStats(), zeros(), zeros(copies), zeros(2))
+
+    def add_prefill(self, rows: int) -> None:
+        self.stats.prefill_forwards += 1
+        self.row_forwards[0] += rows
+
+    def add_denoise(self, active: torch.Tensor, store: bool = False) -> None:
+        """One forward on one block state of the `active` (B,) rows; `store`: it also wrote
+        the previous block's keys and values."""
+        self.stats.denoise_forwards += 1
+        self.stats.store_forwards += int(store)
+        self.row_forwards += active.sum()
+
+    def add_verify(self, active: torch.Tensor) -> None:
+        self.stats.verify_forwards += 1
+        self.row_forwards += active.sum()
+
+    def add_head_steps(self, count: int) -> None:
+        self.stats.head_forwards += count
 
     def add_commits(self, commit: torch.Tensor) -> None:
         self.committed += commit.sum()
@@ -74,12 +101,6 @@ class Counters:
     def add_rounds(self, accepted: torch.Tensor, counted: torch.Tensor) -> None:
         """accepted: (B,) head drafts accepted per row; counted: (B,) rows that ran a round."""
         self.histogram += torch.bincount(accepted[counted], minlength=self.histogram.shape[0])
-
-
-@dataclass
-class BackboneStep:
-    hidden: torch.Tensor  # (B, T, H) final hidden states (base_hidden)
-    logits: torch.Tensor  # (B, T, V) float32 same-position logits (base_logits)
 
 
 @dataclass
@@ -102,7 +123,6 @@ class BlockContext:
         blocks: (B, M*L). Each copy sees the cached prefix and itself only, at the
         block's own positions. Writes only scratch slots (see `model/cache.py`).
         """
-        self.counters.row_forwards[0] += self.active.sum()
         copies = blocks.shape[1] // self.schedule.block_size
         mask = copies_mask(self.key_valid, self.start, self.schedule.block_size, copies)
         positions = self.positions.repeat(1, copies)  # (B, M*L)
@@ -121,15 +141,13 @@ class BlockContext:
         if self.pending is not None:
             step, self.pending = self.pending, None
             return step
-        self.counters.stats.denoise_forwards += 1
-        self.counters.row_forwards[1] += self.active.sum()
+        self.counters.add_denoise(self.active)
         hidden = self.forward(block)  # (B, L, H)
         return BackboneStep(hidden, self.model.logits(hidden))
 
     def verify(self, states: torch.Tensor) -> BackboneStep:
         """The backbone on M candidate block states (B, M*L) in one verify forward."""
-        self.counters.stats.verify_forwards += 1
-        self.counters.row_forwards[1] += self.active.sum()
+        self.counters.add_verify(self.active)
         hidden = self.forward(states)  # (B, M*L, H)
         return BackboneStep(hidden, self.model.logits(hidden))
 
@@ -140,9 +158,7 @@ class BlockContext:
         Counted as one denoise forward that also stores.
         """
         L = self.schedule.block_size
-        self.counters.stats.denoise_forwards += 1
-        self.counters.stats.store_forwards += 1
-        self.counters.row_forwards += self.active.sum()
+        self.counters.add_denoise(self.active, store=True)
         mask = store_and_next_mask(self.key_valid, self.start - L, L)  # (B, 2L, start + L)
         positions = torch.cat((self.positions - L, self.positions), dim=1)  # (B, 2L)
         both = torch.cat((finished, block), dim=1)  # (B, 2L)
@@ -150,11 +166,26 @@ class BlockContext:
         self.pending = BackboneStep(hidden, self.model.logits(hidden))
 
 
-class BlockDecoder(Protocol):
-    copies: int  # most candidate copies one forward holds (sizes the scratch slots)
+def decode_block(context: BlockContext, block: torch.Tensor, mode: Mode) -> torch.Tensor:
+    """Steps of `mode` until no active row of block (B, L) has a mask left; the final block.
 
-    def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
-        """Reveal every mask of the active rows of block (B, L); return the final block."""
+    Every step reveals at least one position of each row that has one, so L steps suffice.
+    The backbone step on the block's state comes from the previous step when the mode ran
+    it (speculative verification), else from one denoise forward.
+    """
+    schedule = context.schedule
+    base = None
+    for index in range(schedule.block_size):
+        eligible = context.eligible(block)  # (B, L)
+        if not bool(eligible.any()):  # the one host check per step
+            break
+        if base is None:
+            base = context.denoise(block)
+        rows = BlockRows(tokens=block, eligible=eligible, positions=context.positions)
+        advance: Advance = mode.step(context, Step(index, schedule.quota(index), rows, base))
+        context.counters.add_commits(eligible & (advance.tokens != block))
+        block, base = advance.tokens, advance.base
+    return block
 
 
 @dataclass
@@ -213,8 +244,8 @@ def finished_rows(block: torch.Tensor, generated: torch.Tensor, end_slots: torch
 
 @torch.no_grad()
 def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
-             decoder: BlockDecoder) -> DecodeResult:
-    """Decode a batch of token-id prompts block by block with `decoder`."""
+             mode: Mode) -> DecodeResult:
+    """Decode a batch of token-id prompts block by block with `mode`'s steps."""
     check_prompts(prompts, model, config)
     began = time.perf_counter()
     schedule = config.resolve(model.config)
@@ -222,17 +253,14 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     layout = plan_layout([len(p) for p in prompts], L, config.max_new_tokens)
     tokens, positions, key_valid = build_buffers(prompts, layout, schedule.mask_token_id, device)
     cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads,
-                    layout.total_slots + (decoder.copies - 1) * L, model.config.head_dim,
+                    layout.total_slots + (mode.copies - 1) * L, model.config.head_dim,
                     model.lm_head.weight.dtype, device)
-    counters = Counters(DecodeStats(), torch.zeros((), dtype=torch.long, device=device),
-                        torch.zeros(decoder.copies, dtype=torch.long, device=device),
-                        torch.zeros(2, dtype=torch.long, device=device))
+    counters = Counters.start(mode.copies, device)
     if layout.prefix_slots:
         P = layout.prefix_slots
         mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])
         model(tokens[:, :P], positions[:, :P], mask, cache, 0)
-        counters.stats.prefill_forwards += 1
-        counters.row_forwards[0] += len(prompts)
+        counters.add_prefill(len(prompts))
     prompt_ends = (layout.pads + layout.lengths).to(device)  # (B,) first generated slot
     end_slots = prompt_ends + config.max_new_tokens  # (B,)
     stop_ids = torch.tensor(schedule.stop_token_ids, dtype=torch.long, device=device)
@@ -245,7 +273,7 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         block = tokens[:, start:start + L].clone()  # (B, L)
         if finished is not None:
             context.store_and_denoise(finished, block)
-        finished = decoder.decode_block(context, block)
+        finished = decode_block(context, block, mode)
         tokens[:, start:start + L] = finished
         generated = torch.arange(start, start + L, device=device)[None] >= prompt_ends[:, None]
         active = active & ~finished_rows(finished, generated, end_slots, start + L, stop_ids)

@@ -5,16 +5,16 @@ from __future__ import annotations
 from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.denoise import DenoiseDecoder
 from mrp_dlm.decoding.direct import DirectDecoder
-from mrp_dlm.decoding.driver import BlockDecoder
 from mrp_dlm.decoding.remask import RemaskDecoder
 from mrp_dlm.decoding.speculative import SpeculativeDecoder
+from mrp_dlm.decoding.step import Mode
 from mrp_dlm.model.head import MRPHead
 
 MRP_DECODERS = {"direct": DirectDecoder, "speculative": SpeculativeDecoder,
                 "remask": RemaskDecoder}
 
 
-def make_decoder(config: DecodeConfig, head: MRPHead | None = None) -> BlockDecoder:
+def make_decoder(config: DecodeConfig, head: MRPHead | None = None) -> Mode:
     if config.mode not in MRP_MODES:
         return DenoiseDecoder(config)
     if head is None:

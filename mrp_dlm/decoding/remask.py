@@ -19,9 +19,10 @@ import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.denoise import sampling_of
-from mrp_dlm.decoding.driver import BackboneStep, BlockContext
+from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import Proposal, propose, token_confidence
 from mrp_dlm.decoding.selection import revoke_unconfident, select_dynamic, veto_large_residual
+from mrp_dlm.decoding.step import Advance, BackboneStep, Step
 from mrp_dlm.model.head import MRPHead
 
 
@@ -36,7 +37,7 @@ class RemaskDecoder:
              proposal: Proposal, commit: torch.Tensor) -> torch.Tensor:
         """The reveals (B, L) that survive the head's second opinion."""
         model, positions = context.model, context.positions
-        context.counters.stats.head_forwards += 1
+        context.counters.add_head_steps(1)
         if self.config.remask_rule == "delta":
             residual_hidden = self.head(model, block, base.hidden, positions)  # (B, L, H)
             residual = model.logits(residual_hidden).gather(-1, proposal.tokens[..., None])[..., 0]
@@ -48,18 +49,11 @@ class RemaskDecoder:
         confident = commit & (proposal.confidence > self.config.threshold)
         return revoke_unconfident(commit, confident, rescored, self.config.threshold)
 
-    def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
-        schedule = context.schedule
-        for step in range(schedule.block_size):
-            eligible = context.eligible(block)  # (B, L)
-            if not bool(eligible.any()):
-                return block
-            base = context.denoise(block)
-            proposal = propose(base.logits, schedule.mask_token_id, self.sampling,
-                               context.positions, step)
-            quota = schedule.quotas[min(step, schedule.steps - 1)]
-            commit = select_dynamic(proposal.confidence, eligible, quota, self.config.threshold)
-            commit = self.keep(context, block, base, proposal, commit)
-            context.counters.add_commits(commit)
-            block = torch.where(commit, proposal.tokens, block)
-        return block
+    def step(self, context: BlockContext, step: Step) -> Advance:
+        rows = step.rows
+        proposal = propose(step.base.logits, context.schedule.mask_token_id, self.sampling,
+                           rows.positions, step.index)
+        commit = select_dynamic(proposal.confidence, rows.eligible, step.quota,
+                                self.config.threshold)  # (B, L)
+        commit = self.keep(context, rows.tokens, step.base, proposal, commit)
+        return Advance(torch.where(commit, proposal.tokens, rows.tokens))

@@ -31,6 +31,9 @@ class SamplingConfig:
     seed: int = 0  # key of the counter-based random numbers
 
 
+GREEDY = SamplingConfig()  # argmax, confidence under the temperature-1 distribution
+
+
 @dataclass
 class Proposal:
     tokens: torch.Tensor  # (B, L) int64, the token each position would take

@@ -1,16 +1,18 @@
 """Commit rules: which masked positions of a block take their proposed token this step.
 
-Pure functions on (B, L) tensors. Only `eligible` positions (masked, in an active row)
-compete; a rule never commits more than remain and never touches another position. Ties
-go to the lower position. Every rule commits at least one position of a row that has an
+Pure functions on (B, L) tensors (`static_pick` proposes from logits first). Only
+`eligible` positions (masked, in an active row) compete; a rule never commits more than
+remain and never touches another position. Ties go to the lower position. Every rule commits at least one position of a row that has an
 eligible one (the progress guarantee), except where noted.
 
-Shapes: B batch, L block positions.
+Shapes: B batch, L block positions, V vocab.
 """
 
 from __future__ import annotations
 
 import torch
+
+from mrp_dlm.decoding.sampling import GREEDY, propose
 
 
 def rank_positions(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
@@ -27,6 +29,14 @@ def rank_positions(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor
 def select_static(confidence: torch.Tensor, eligible: torch.Tensor, quota: int) -> torch.Tensor:
     """The `quota` most confident eligible positions (fewer when fewer remain)."""
     return eligible & (rank_positions(confidence, eligible) < quota)
+
+
+def static_pick(logits: torch.Tensor, eligible: torch.Tensor, mask_token_id: int,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy static rule's one-token pick on logits (B, L, V): (commit (B, L) bool,
+    tokens (B, L)). What speculative drafts and verifies, and direct's head steps commit."""
+    proposal = propose(logits, mask_token_id, GREEDY, positions, 0)
+    return select_static(proposal.confidence, eligible, 1), proposal.tokens
 
 
 def select_dynamic(confidence: torch.Tensor, eligible: torch.Tensor, quota: int,

@@ -1,7 +1,8 @@
 """Speculative MRP decoding (lossless): the head drafts, the backbone verifies.
 
-Each round, from the backbone's logits on the current block state S_0 (the seed):
-- propose: draft 1 is the backbone's own static pick on S_0 (its most confident masked
+Each round (one step of the driver's loop), from the backbone's logits on the current
+block state S_0 (the seed):
+- draft: draft 1 is the backbone's own static pick on S_0 (its most confident masked
   position and argmax token); drafts 2..K+1 come from K head steps, each on the state
   after the drafts so far. This gives candidate states S_1 .. S_{K+1}.
 - verify: one backbone forward over all K+1 candidate states side by side (each sees the
@@ -12,8 +13,9 @@ Each round, from the backbone's logits on the current block state S_0 (the seed)
   the next round, so its first draft is the backbone's free bonus pick (no extra forward).
 
 Every committed token is the backbone's own greedy static pick on the state it was picked
-from, so the output equals static decoding with one token per step, token for token; a
-bad head only lowers acceptance.
+from, so the output equals static decoding with one token per step, token for token (up
+to float rounding: the pick is computed on verify logits, see README); a bad head only
+lowers acceptance.
 
 Shapes: B batch, L block size, H hidden, V vocab, K lookahead, M = K + 1 candidates.
 """
@@ -25,12 +27,10 @@ from dataclasses import dataclass
 import torch
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.driver import BackboneStep, BlockContext
-from mrp_dlm.decoding.sampling import SamplingConfig, propose
-from mrp_dlm.decoding.selection import select_static
-from mrp_dlm.model.head import MRPHead
-
-GREEDY = SamplingConfig()
+from mrp_dlm.decoding.driver import BlockContext
+from mrp_dlm.decoding.selection import static_pick
+from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
+from mrp_dlm.model.head import HeadBackbone, MRPHead
 
 
 @dataclass(frozen=True)
@@ -39,33 +39,23 @@ class Drafts:
     valid: torch.Tensor  # (B, M) bool, the draft revealed a position
 
 
-def static_pick(logits: torch.Tensor, eligible: torch.Tensor, mask_token_id: int,
-                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The static rule's one-token pick: (commit (B, L) bool, tokens (B, L))."""
-    proposal = propose(logits, mask_token_id, GREEDY, positions, 0)
-    return select_static(proposal.confidence, eligible, 1), proposal.tokens
+def draft(head: MRPHead, backbone: HeadBackbone, seed: BackboneStep, rows: BlockRows,
+          copies: int) -> Drafts:
+    """Draft 1: the static pick on the seed logits; drafts 2..M: chained head steps.
 
-
-def draft(head: MRPHead, backbone, seed_logits: torch.Tensor, seed_hidden: torch.Tensor,
-          block: torch.Tensor, eligible: torch.Tensor, positions: torch.Tensor, copies: int,
-          mask_token_id: int) -> Drafts:
-    """Draft 1: the static pick on the seed logits (B, L, V); drafts 2..M: chained head steps.
-
-    backbone: what `head.advance` reads the embedding and lm_head from (our `Backbone`, or
-    the serving plugin's `HeadHost`); seed_hidden: (B, L, H) its hidden of `block` (B, L);
-    eligible: (B, L) positions the static rule may reveal; positions: (B, L) absolute
-    positions of the block. Runs copies - 1 head steps.
+    seed: the backbone on rows.tokens; runs copies - 1 head steps.
     """
-    logits, accumulator, state = seed_logits, seed_hidden, block
+    mask_token_id = backbone.config.mask_token_id
+    logits, accumulator, state, eligible = seed.logits, seed.hidden, rows.tokens, rows.eligible
     states, valid = [], []
     for index in range(copies):
-        commit, tokens = static_pick(logits, eligible, mask_token_id, positions)  # (B, L)
+        commit, tokens = static_pick(logits, eligible, mask_token_id, rows.positions)  # (B, L)
         state = torch.where(commit, tokens, state)  # (B, L)
         states.append(state)
         valid.append(commit.any(dim=1))
         eligible = eligible & ~commit
         if index + 1 < copies:
-            accumulator = head.advance(backbone, state, accumulator, positions)  # (B, L, H)
+            accumulator = head.advance(backbone, state, accumulator, rows.positions)  # (B, L, H)
             logits = backbone.logits(accumulator)  # (B, L, V): A + sum C
     return Drafts(states=torch.stack(states, dim=1), valid=torch.stack(valid, dim=1))
 
@@ -90,41 +80,33 @@ def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_toke
     return drafts.valid[:, 0].long() * (1 + agree.long().cumprod(dim=1).sum(dim=1))
 
 
+def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
+                  block: torch.Tensor, seed: BackboneStep) -> Advance:
+    """The last accepted state S_n and its verify slice as the next seed (n = 0 keeps all)."""
+    B, M, L = drafts.states.shape
+    index = (accepted - 1).clamp_min(0)  # (B,)
+    moved = (accepted > 0)[:, None]  # (B, 1)
+    rows = torch.arange(B, device=block.device)
+    tokens = torch.where(moved, drafts.states[rows, index], block)  # (B, L)
+    hidden = check.hidden.view(B, M, L, -1)[rows, index]  # (B, L, H)
+    logits = check.logits.view(B, M, L, -1)[rows, index]  # (B, L, V)
+    return Advance(tokens, BackboneStep(torch.where(moved[..., None], hidden, seed.hidden),
+                                        torch.where(moved[..., None], logits, seed.logits)))
+
+
 class SpeculativeDecoder:
     def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
         self.config, self.head = config, head
         self.copies = config.lookahead + 1
 
-    def decode_block(self, context: BlockContext, block: torch.Tensor) -> torch.Tensor:
-        B, L = block.shape
-        mask_id = context.schedule.mask_token_id
-        seed = context.denoise(block)
-        for _ in range(L):
-            eligible = context.eligible(block)  # (B, L)
-            if not bool(eligible.any()):
-                break
-            drafts = draft(self.head, context.model, seed.logits, seed.hidden, block, eligible,
-                           context.positions, self.copies, mask_id)
-            context.counters.stats.head_forwards += self.copies - 1
-            check = context.verify(drafts.states.view(B, self.copies * L))
-            frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
-            accepted = accept(drafts, check.logits.view(B, self.copies, L, -1), frozen, mask_id,
-                              context.positions)  # (B,)
-            context.counters.add_rounds((accepted - 1).clamp_min(0), drafts.valid[:, 0])
-            drafted = torch.arange(self.copies, device=block.device) < accepted[:, None]  # (B, M)
-            context.counters.add_commits(drafts.valid & drafted)
-            block, seed = self.advance(drafts, check, accepted, block, seed)
-        return block
-
-    def advance(self, drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
-                block: torch.Tensor, seed: BackboneStep) -> tuple[torch.Tensor, BackboneStep]:
-        """The last accepted state S_n and its verify slice as the next seed (n = 0 keeps all)."""
-        B, M, L = drafts.states.shape
-        index = (accepted - 1).clamp_min(0)  # (B,)
-        moved = (accepted > 0)[:, None]  # (B, 1)
-        rows = torch.arange(B, device=block.device)
-        new_block = torch.where(moved, drafts.states[rows, index], block)  # (B, L)
-        hidden = check.hidden.view(B, M, L, -1)[rows, index]  # (B, L, H)
-        logits = check.logits.view(B, M, L, -1)[rows, index]  # (B, L, V)
-        return new_block, BackboneStep(torch.where(moved[..., None], hidden, seed.hidden),
-                                       torch.where(moved[..., None], logits, seed.logits))
+    def step(self, context: BlockContext, step: Step) -> Advance:
+        rows, M = step.rows, self.copies
+        B, L = rows.tokens.shape
+        drafts = draft(self.head, context.model, step.base, rows, M)
+        context.counters.add_head_steps(M - 1)
+        check = context.verify(drafts.states.view(B, M * L))
+        frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
+        accepted = accept(drafts, check.logits.view(B, M, L, -1), frozen,
+                          context.schedule.mask_token_id, rows.positions)  # (B,)
+        context.counters.add_rounds((accepted - 1).clamp_min(0), drafts.valid[:, 0])
+        return take_accepted(drafts, check, accepted, rows.tokens, step.base)

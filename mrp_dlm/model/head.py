@@ -20,11 +20,30 @@ Shapes: B batch (or blocks), L block size, H hidden, V vocab.
 
 from __future__ import annotations
 
+from typing import Callable, Protocol
+
 import torch
 from torch import nn
 
 from mrp_dlm.config import BackboneConfig, HeadConfig
-from mrp_dlm.model.backbone import Backbone, DecoderLayer, RMSNorm, rotary_tables
+from mrp_dlm.model.backbone import DecoderLayer, RMSNorm, rotary_tables
+
+
+class TokenEmbedding(Protocol):
+    embed_tokens: Callable[[torch.Tensor], torch.Tensor]  # token ids (...) -> (..., H)
+
+
+class HeadBackbone(Protocol):
+    """What the head reads of a backbone: our `Backbone`, or the serving plugin's `HeadHost`
+    over an SGLang model's shared weights."""
+
+    config: BackboneConfig  # shape, block size and mask id
+
+    @property
+    def model(self) -> TokenEmbedding: ...  # `model.embed_tokens`, the shared embedding
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Same-position logits (..., V) float32 of hidden states (..., H): the shared lm_head."""
 
 
 class MRPHead(nn.Module):
@@ -49,7 +68,7 @@ class MRPHead(nn.Module):
                     param.fill_(1.0)
             self.norm.weight.zero_()
 
-    def forward(self, backbone: Backbone, tokens: torch.Tensor, hidden_in: torch.Tensor,
+    def forward(self, backbone: HeadBackbone, tokens: torch.Tensor, hidden_in: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:
         """residual_hidden h_C (B, L, H) for block tokens (B, L) and h_in (B, L, H).
 
@@ -66,7 +85,7 @@ class MRPHead(nn.Module):
             x = layer(x, rope, mask)
         return self.norm(x)
 
-    def advance(self, backbone: Backbone, tokens: torch.Tensor, accumulator: torch.Tensor,
+    def advance(self, backbone: HeadBackbone, tokens: torch.Tensor, accumulator: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:
         """One chained MRP step: accumulator h_A + sum h_C (B, L, H) -> the next one.
 

@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 
 from mrp_dlm.decoding.speculative import Drafts, accept, draft
+from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
 from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
 
@@ -174,9 +175,9 @@ class MrpSpeculative(MrpAlgorithm):
                   ) -> None:
         block = torch.stack([s.accepted for s in states])  # (R, L)
         eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
-        drafts = draft(head, host, torch.stack([logits for logits, _ in seeds]),
-                       torch.stack([hidden for _, hidden in seeds]), block, eligible, positions,
-                       self.copies, self.mask_id)
+        seed = BackboneStep(hidden=torch.stack([hidden for _, hidden in seeds]),
+                            logits=torch.stack([logits for logits, _ in seeds]))
+        drafts = draft(head, host, seed, BlockRows(block, eligible, positions), self.copies)
         for row, state in enumerate(states):
             state.accepted = drafts.states[row, 0]  # the static pick itself: exact
             if bool(self.open_positions(state).any()):
