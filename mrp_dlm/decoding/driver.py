@@ -105,7 +105,11 @@ class Counters:
 
 @dataclass
 class BlockContext:
-    """What a block decoder may use for the current block (slots [start, start + L))."""
+    """What a block decoder may use for the current block (slots [start, start + L)).
+
+    Every forward attends over all slots of the cache (static shapes: a compiled step
+    compiles once per forward kind); its mask is built once per block.
+    """
 
     model: Backbone
     cache: KVCache
@@ -116,6 +120,24 @@ class BlockContext:
     active: torch.Tensor  # (B,) bool, rows still generating
     counters: Counters
     pending: BackboneStep | None = None  # the block's first step, computed with the last store
+    masks: dict[int, torch.Tensor] = field(default_factory=dict)  # by copies; 0: store + next
+
+    @property
+    def width(self) -> int:
+        return self.cache.keys.shape[3]  # every slot of the cache
+
+    def mask(self, copies: int) -> torch.Tensor:
+        """(B, T, width) mask of a forward over `copies` block copies (0: store + next)."""
+        if copies not in self.masks:
+            L = self.schedule.block_size
+            self.masks[copies] = (
+                store_and_next_mask(self.key_valid, self.start - L, L, self.width) if copies == 0
+                else copies_mask(self.key_valid, self.start, L, copies, self.width))
+        return self.masks[copies]
+
+    def slot(self, offset: int = 0) -> torch.Tensor:
+        """0-dim int64 slot start + offset (a tensor: a compiled step must not specialise)."""
+        return torch.tensor(self.start + offset, device=self.positions.device)
 
     def forward(self, blocks: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, M*L, H) of M candidate copies of the block in one forward.
@@ -124,9 +146,8 @@ class BlockContext:
         block's own positions. Writes only scratch slots (see `model/cache.py`).
         """
         copies = blocks.shape[1] // self.schedule.block_size
-        mask = copies_mask(self.key_valid, self.start, self.schedule.block_size, copies)
         positions = self.positions.repeat(1, copies)  # (B, M*L)
-        return self.model(blocks, positions, mask, self.cache, self.start)
+        return self.model(blocks, positions, self.mask(copies), self.cache, self.slot())
 
     def eligible(self, block: torch.Tensor) -> torch.Tensor:
         """(B, L) masked positions of the rows still generating: what a step may reveal."""
@@ -159,10 +180,9 @@ class BlockContext:
         """
         L = self.schedule.block_size
         self.counters.add_denoise(self.active, store=True)
-        mask = store_and_next_mask(self.key_valid, self.start - L, L)  # (B, 2L, start + L)
         positions = torch.cat((self.positions - L, self.positions), dim=1)  # (B, 2L)
         both = torch.cat((finished, block), dim=1)  # (B, 2L)
-        hidden = self.model(both, positions, mask, self.cache, self.start - L)[:, L:]  # (B, L, H)
+        hidden = self.model(both, positions, self.mask(0), self.cache, self.slot(-L))[:, L:]  # (B, L, H)
         self.pending = BackboneStep(hidden, self.model.logits(hidden))
 
 
@@ -259,7 +279,9 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     if layout.prefix_slots:
         P = layout.prefix_slots
         mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])
-        model(tokens[:, :P], positions[:, :P], mask, cache, 0)
+        # `forward`, not `__call__`: a compiled backbone (`Pipeline.compile`) compiles its
+        # per-block steps, whose shapes repeat; prefill's length differs every call.
+        model.forward(tokens[:, :P], positions[:, :P], mask, cache, 0)
         counters.add_prefill(len(prompts))
     prompt_ends = (layout.pads + layout.lengths).to(device)  # (B,) first generated slot
     end_slots = prompt_ends + config.max_new_tokens  # (B,)
@@ -268,8 +290,9 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     finished = None  # the previous block, stored by the next block's first forward
     for index in range(layout.num_blocks):
         start = layout.prefix_slots + index * L
-        context = BlockContext(model, cache, schedule, start, positions[:, start:start + L],
-                               key_valid, active, counters)
+        block_positions = positions[:, start:start + L].contiguous()  # (B, L)
+        context = BlockContext(model, cache, schedule, start, block_positions, key_valid, active,
+                               counters)
         block = tokens[:, start:start + L].clone()  # (B, L)
         if finished is not None:
             context.store_and_denoise(finished, block)

@@ -62,14 +62,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.hd, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor, cache: LayerCache | None, start: int) -> torch.Tensor:
+                mask: torch.Tensor, cache: LayerCache | None, start: int | torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.nh, self.hd)).transpose(1, 2)  # (B, nh, T, hd)
         k = self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.hd)).transpose(1, 2)  # (B, nkv, T, hd)
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
-            k, v = cache.write_and_read(k, v, start)  # (B, nkv, S, hd)
+            k, v = cache.write_and_read(k, v, start, mask.shape[-1])  # (B, nkv, S, hd)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None],
                                            enable_gqa=self.nh != self.nkv)  # (B, nh, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
@@ -97,7 +97,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor, cache: LayerCache | None = None, start: int = 0) -> torch.Tensor:
+                mask: torch.Tensor, cache: LayerCache | None = None,
+                start: int | torch.Tensor = 0) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, mask, cache, start)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -124,13 +125,14 @@ class Backbone(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | None = None, start: int = 0) -> torch.Tensor:
+                cache: KVCache | None = None, start: int | torch.Tensor = 0) -> torch.Tensor:
         """Final hidden states (B, T, H) in the model dtype.
 
         input_ids, positions: (B, T) int64; positions are absolute.
         mask: (B, T, S) bool, True where query t may attend to key s. Without a cache
         S == T; with one, the T new keys are written at slots [start, start + T) and the
-        queries attend to slots [0, start + T), so S == start + T.
+        queries attend to slots [0, S): S == start + T, or every slot of the cache (a
+        static shape, with the unwritten slots masked). `start` may be a 0-dim tensor.
         """
         x = self.model.embed_tokens(input_ids)  # (B, T, H)
         rope = rotary_tables(positions, self.config.head_dim, self.config.rope_theta, x.dtype)

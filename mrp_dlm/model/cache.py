@@ -23,15 +23,21 @@ class LayerCache:
     keys: torch.Tensor  # (B, nkv, S, hd)
     values: torch.Tensor  # (B, nkv, S, hd)
 
-    def write_and_read(self, k: torch.Tensor, v: torch.Tensor,
-                       start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, nkv, T, hd) at [start, start + T); return slots [0, start + T)."""
-        end = start + k.shape[2]
-        if end > self.keys.shape[2]:
-            raise ValueError(f"cache holds {self.keys.shape[2]} slots; write ends at {end}")
-        self.keys[:, :, start:end] = k
-        self.values[:, :, start:end] = v
-        return self.keys[:, :, :end], self.values[:, :, :end]
+    def write_and_read(self, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor,
+                       width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, nkv, T, hd) at slots [start, start + T); return slots [0, width).
+
+        `start` may be a 0-dim int64 tensor, so that a compiled step does not specialise
+        on it; `width` is the mask's key count: start + T for a growing read, every slot
+        for the static-shape read of a compiled step.
+        """
+        if isinstance(start, int) and start + k.shape[2] > self.keys.shape[2]:
+            raise ValueError(f"cache holds {self.keys.shape[2]} slots; write ends at "
+                             f"{start + k.shape[2]}")
+        slots = torch.arange(k.shape[2], device=k.device) + start  # (T,)
+        self.keys.index_copy_(2, slots, k)
+        self.values.index_copy_(2, slots, v)
+        return self.keys[:, :, :width], self.values[:, :, :width]
 
 
 class KVCache:

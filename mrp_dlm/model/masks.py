@@ -23,29 +23,40 @@ def block_causal_mask(slot_blocks: torch.Tensor, key_valid: torch.Tensor) -> tor
     return (allowed[None] & key_valid[:, None, :]) | eye[None]  # (B, T, T)
 
 
-def copies_mask(key_valid: torch.Tensor, start: int, block_size: int, copies: int) -> torch.Tensor:
+def pad_keys(mask: torch.Tensor, width: int | None) -> torch.Tensor:
+    """mask (B, T, S) widened to (B, T, width) with invisible keys (None keeps it)."""
+    if width is None or width == mask.shape[2]:
+        return mask
+    pad = mask.new_zeros(mask.shape[0], mask.shape[1], width - mask.shape[2])  # (B, T, width - S)
+    return torch.cat((mask, pad), dim=2)  # (B, T, width)
+
+
+def copies_mask(key_valid: torch.Tensor, start: int, block_size: int, copies: int,
+                width: int | None = None) -> torch.Tensor:
     """Mask (B, M*L, start + M*L) for M copies of a block written at slot `start`.
 
     Every copy sees the valid cached prefix [0, start) and its own L slots, bidirectionally,
     and never another copy. M == 1 is the ordinary denoise (and store) forward.
-    key_valid: (B, >= start) bool, True for non-padding slots.
+    key_valid: (B, >= start) bool, True for non-padding slots. `width`: widen the keys to
+    every slot of the cache (a static shape; the slots past start + M*L are invisible).
     """
     T = copies * block_size
     prefix = key_valid[:, :start, None].transpose(1, 2).expand(-1, T, -1)  # (B, T, start)
     copy_id = torch.arange(T, device=key_valid.device) // block_size  # (T,)
     own = (copy_id[:, None] == copy_id[None, :])[None].expand(key_valid.shape[0], -1, -1)  # (B, T, T)
-    return torch.cat((prefix, own), dim=2)  # (B, T, start + T)
+    return pad_keys(torch.cat((prefix, own), dim=2), width)  # (B, T, start + T or width)
 
 
-def store_and_next_mask(key_valid: torch.Tensor, start: int, block_size: int) -> torch.Tensor:
+def store_and_next_mask(key_valid: torch.Tensor, start: int, block_size: int,
+                        width: int | None = None) -> torch.Tensor:
     """Mask (B, 2L, start + 2L) for a finished block at `start` and the next block after it.
 
     The finished block sees the valid cached prefix [0, start) and itself (a store); the
     next block sees the prefix, the finished block and itself (its first denoise step).
-    key_valid: (B, >= start) bool, True for non-padding slots.
+    key_valid: (B, >= start) bool, True for non-padding slots; `width` as in `copies_mask`.
     """
     T = 2 * block_size
     prefix = key_valid[:, :start, None].transpose(1, 2).expand(-1, T, -1)  # (B, 2L, start)
     block_id = torch.arange(T, device=key_valid.device) // block_size  # (2L,)
     causal = (block_id[None, :] <= block_id[:, None])[None].expand(key_valid.shape[0], -1, -1)  # (B, 2L, 2L)
-    return torch.cat((prefix, causal), dim=2)  # (B, 2L, start + 2L)
+    return pad_keys(torch.cat((prefix, causal), dim=2), width)  # (B, 2L, start + 2L or width)
