@@ -94,24 +94,26 @@ def sync(device: str) -> None:
 @torch.no_grad()
 def no_cache_static(model: Backbone, prompt: list[int], config: DecodeConfig) -> tuple[list[int], int]:
     """Greedy static decode recomputing the whole sequence every step (no KV cache)."""
-    L, mask_id = model.config.block_size, model.config.mask_token_id
+    L, mask_token_id = model.config.block_size, model.config.mask_token_id
     device = model.lm_head.weight.device
     n = len(prompt)
     tokens = torch.tensor([prompt], device=device)  # (1, n)
     start, forwards = n // L * L, 0
     while start < n + config.max_new_tokens:
         pad = start + L - tokens.shape[1]
-        tokens = torch.cat((tokens, torch.full((1, pad), mask_id, device=device)), dim=1)  # (1, T)
+        fill = torch.full((1, pad), mask_token_id, device=device)  # (1, pad)
+        tokens = torch.cat((tokens, fill), dim=1)  # (1, T)
         T = tokens.shape[1]
         mask = block_causal_mask(torch.arange(T, device=device) // L,
                                  torch.ones(1, T, dtype=torch.bool, device=device))  # (1, T, T)
         positions = torch.arange(T, device=device)[None]  # (1, T)
         step = 0
-        while bool((tokens[:, start:] == mask_id).any()):
+        while bool((tokens[:, start:] == mask_token_id).any()):
             logits = model.logits(model(tokens, positions, mask))[:, start:]  # (1, L, V)
             forwards += 1
-            proposal = propose(logits, mask_id, sampling_of(config), positions[:, start:], step)
-            eligible = tokens[:, start:] == mask_id  # (1, L)
+            proposal = propose(logits, mask_token_id, sampling_of(config), positions[:, start:],
+                               step)
+            eligible = tokens[:, start:] == mask_token_id  # (1, L)
             commit = select_static(proposal.confidence, eligible, 1)
             tokens[:, start:] = torch.where(commit, proposal.tokens, tokens[:, start:])
             step += 1

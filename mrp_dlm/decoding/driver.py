@@ -211,11 +211,11 @@ def check_prompts(prompts: list[list[int]], model: Backbone, config: DecodeConfi
                              f"{cfg.max_position_embeddings}")
 
 
-def build_buffers(prompts: list[list[int]], layout: Layout, mask_id: int,
+def build_buffers(prompts: list[list[int]], layout: Layout, mask_token_id: int,
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Token buffer, positions and key validity, all (B, S)."""
     B, S = len(prompts), layout.total_slots
-    tokens = torch.full((B, S), mask_id, dtype=torch.long)  # (B, S)
+    tokens = torch.full((B, S), mask_token_id, dtype=torch.long)  # (B, S)
     for row, prompt in enumerate(prompts):
         pad = int(layout.pads[row])
         tokens[row, pad:pad + len(prompt)] = torch.tensor(prompt)
@@ -225,12 +225,12 @@ def build_buffers(prompts: list[list[int]], layout: Layout, mask_id: int,
     return tokens.to(device), positions.to(device), key_valid.to(device)
 
 
-def trim(row_tokens: list[int], stop_ids: tuple[int, ...], mask_id: int) -> list[int]:
+def trim(row_tokens: list[int], stop_ids: tuple[int, ...], mask_token_id: int) -> list[int]:
     for index, token in enumerate(row_tokens):
         if token in stop_ids:
             row_tokens = row_tokens[:index + 1]
             break
-    return [t for t in row_tokens if t != mask_id]
+    return [t for t in row_tokens if t != mask_token_id]
 
 
 def finished_rows(block: torch.Tensor, generated: torch.Tensor, end_slots: torch.Tensor,
