@@ -36,10 +36,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from mrp_dlm.config import BackboneConfig, DecodeConfig  # noqa: E402
-from mrp_dlm.decoding.denoise import DenoiseDecoder, sampling_of  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.sampling import propose  # noqa: E402
 from mrp_dlm.decoding.selection import select_static  # noqa: E402
+from mrp_dlm.decoding.strategies import StrategyDecoder, sampling_of  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
 from mrp_dlm.model.backbone import Backbone  # noqa: E402
 from mrp_dlm.model.masks import block_causal_mask  # noqa: E402
@@ -139,13 +139,13 @@ def bench_strategies(model: Backbone, prompt: list[int], new_tokens: int, device
     # One full-length warm-up first: short warm-ups alone leave the first timed strategy
     # ~50% slow (allocator and cache shapes still growing).
     full = DecodeConfig(max_new_tokens=new_tokens, stop_token_ids=())
-    generate(model, [prompt], full, DenoiseDecoder(full))
+    generate(model, [prompt], full, StrategyDecoder(full))
     for name, knobs in STRATEGIES.items():
         config = DecodeConfig(max_new_tokens=new_tokens, stop_token_ids=(), **knobs)
         warm = DecodeConfig(max_new_tokens=16, stop_token_ids=(), **knobs)
-        generate(model, [prompt], warm, DenoiseDecoder(warm))  # warm-up, not timed
+        generate(model, [prompt], warm, StrategyDecoder(warm))  # warm-up, not timed
         result, seconds = timed(device, lambda: generate(model, [prompt], config,
-                                                         DenoiseDecoder(config)), repeats)
+                                                         StrategyDecoder(config)), repeats)
         stats = result.stats
         rows.append(dict(strategy=name, tokens=stats.tokens, seconds=round(seconds, 4),
                          tokens_per_s=round(stats.tokens / seconds, 1),

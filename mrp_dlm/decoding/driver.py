@@ -20,7 +20,7 @@ exactly the tokens it would get alone. A prompt's trailing partial block becomes
 first decode block with its prompt tokens fixed.
 
 Deliberately not here: commit rules (see `selection.py`) and what a mode does in a step
-(see `denoise.py` and the MRP modes).
+(see `strategies.py` and the MRP modes).
 
 Shapes: B batch, L block size, S cache slots, M candidate copies of a block.
 """
@@ -182,9 +182,9 @@ def decode_block(context: BlockContext, block: torch.Tensor, mode: Mode) -> torc
         if base is None:
             base = context.denoise(block)
         rows = BlockRows(tokens=block, eligible=eligible, positions=context.positions)
-        advance: Advance = mode.step(context, Step(index, schedule.quota(index), rows, base))
-        context.counters.add_commits(eligible & (advance.tokens != block))
-        block, base = advance.tokens, advance.base
+        outcome: Advance = mode.step(context, Step(index, schedule.quota(index), rows, base))
+        context.counters.add_commits(eligible & (outcome.tokens != block))
+        block, base = outcome.tokens, outcome.base
     return block
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from mrp_dlm.config import BackboneConfig, DecodeConfig
-from mrp_dlm.decoding.denoise import DenoiseDecoder
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.sampling import truncate
+from mrp_dlm.decoding.strategies import StrategyDecoder
 from mrp_dlm.model.loading import CheckpointError, load_backbone
 from reference import even_quotas, reference_decode, reference_generate, robust_cases, truncated
 
@@ -39,7 +39,7 @@ def prompt_of(length: int, seed: int) -> list[int]:
 
 
 def decode(model, prompts, config):
-    return generate(model, prompts, config, DenoiseDecoder(config))
+    return generate(model, prompts, config, StrategyDecoder(config))
 
 
 CANDIDATES = 8  # prompts drawn per case; those with a near-tie decision are skipped
