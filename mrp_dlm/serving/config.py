@@ -1,6 +1,7 @@
 """The MRP algorithms' YAML (`--dllm-algorithm-config mrp.yaml`) as a frozen dataclass.
 
-    lookahead: 3            # K: head drafts per round (speculative) / commits per forward (direct)
+    lookahead: 3            # optional, default DecodeConfig's; K: head drafts per round
+                            # (speculative) / commits per forward (direct)
     head: /path/to/head     # MRP head directory (config.json + model.safetensors)
     block_size: 16          # optional; else the model's config.json, else the SDAR default 4
     mask_token_id: 151669   # optional; else the model's config.json, else the SDAR default
@@ -21,7 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID
+from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, DecodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class MrpServingConfig:
     """What the MRP algorithms need beyond SGLang's own server arguments."""
 
     head: str  # MRP head directory, trained on this model at this block size
-    lookahead: int = 3  # K: head steps per round (speculative drafts 2..K+1, direct commits)
+    lookahead: int = DecodeConfig.lookahead  # K: head steps per round (the library's default)
     block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
     mask_token_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
     capture_input_preparation: bool = True  # SGLang's own key; accepted and passed through

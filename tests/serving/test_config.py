@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from mrp_dlm.config import DecodeConfig
 from mrp_dlm.serving.config import (BlockFacts, MrpServingConfig, ServingConfigError,
                                     load_serving_config, resolve_block_facts)
 from mrp_dlm.serving.sdar_config import SDARConfig
@@ -38,6 +39,10 @@ def test_yaml_is_parsed_into_a_frozen_config(tmp_path):
 def test_bad_yaml_values_name_the_key(raw, message):
     with pytest.raises(ServingConfigError, match=message):
         MrpServingConfig.from_mapping(raw)
+
+
+def test_lookahead_default_is_the_library_default():
+    assert MrpServingConfig(head="h").lookahead == DecodeConfig().lookahead
 
 
 def test_missing_yaml_and_missing_head_directory(tmp_path):
