@@ -31,7 +31,7 @@ from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval import bench  # noqa: E402
 from mrp_dlm.eval.grid import parse_grid  # noqa: E402
 from mrp_dlm.eval.provenance import head_dir  # noqa: E402
-from mrp_dlm.eval.tasks.common import EMBEDDED_TASKS, get_task  # noqa: E402
+from mrp_dlm.eval.tasks.registry import EMBEDDED_TASKS, get_task  # noqa: E402
 from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
 

@@ -13,7 +13,7 @@ from mrp_dlm.eval.bench import BENCH_BATCH_SIZE
 from mrp_dlm.eval.demo import DEMO_PROBLEMS
 from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.runner import EVAL_BATCH_SIZE
-from mrp_dlm.eval.tasks.common import TASK_NAMES, get_task
+from mrp_dlm.eval.tasks.registry import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
 from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES
 
