@@ -27,6 +27,7 @@ from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, DecodeConfig
 log = logging.getLogger(__name__)
 
 DEPRECATED_KEYS = {"mask_id": "mask_token_id"}  # old YAML key -> its one current name
+YAML_SOURCE = "the dLLM algorithm config"  # how messages name the YAML when no path is known
 
 
 class ServingConfigError(ValueError):
@@ -56,7 +57,7 @@ class MrpServingConfig:
                 raise ServingConfigError(f"{name} must be a non-negative integer, got {value!r}")
 
     @classmethod
-    def from_mapping(cls, raw: Any, source: str = "the dLLM algorithm config"
+    def from_mapping(cls, raw: Any, source: str = YAML_SOURCE
                      ) -> "MrpServingConfig":
         if not isinstance(raw, dict):
             raise ServingConfigError(f"{source} must be a YAML mapping, got {type(raw).__name__}")
@@ -78,7 +79,7 @@ class MrpServingConfig:
         return path
 
 
-def current_keys(raw: dict, source: str = "the dLLM algorithm config") -> dict:
+def current_keys(raw: dict, source: str = YAML_SOURCE) -> dict:
     """raw with each deprecated key renamed to its current name (a logged warning); an
     error when a mapping gives both spellings."""
     renamed = dict(raw)
