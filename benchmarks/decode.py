@@ -36,10 +36,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from mrp_dlm.config import BackboneConfig, DecodeConfig  # noqa: E402
-from mrp_dlm.decoding.denoise import DenoiseDecoder, sampling_of  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.sampling import propose  # noqa: E402
 from mrp_dlm.decoding.selection import select_static  # noqa: E402
+from mrp_dlm.decoding.strategies import StrategyDecoder, sampling_of  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
 from mrp_dlm.model.backbone import Backbone  # noqa: E402
 from mrp_dlm.model.masks import block_causal_mask  # noqa: E402
@@ -94,24 +94,26 @@ def sync(device: str) -> None:
 @torch.no_grad()
 def no_cache_static(model: Backbone, prompt: list[int], config: DecodeConfig) -> tuple[list[int], int]:
     """Greedy static decode recomputing the whole sequence every step (no KV cache)."""
-    L, mask_id = model.config.block_size, model.config.mask_token_id
+    L, mask_token_id = model.config.block_size, model.config.mask_token_id
     device = model.lm_head.weight.device
     n = len(prompt)
     tokens = torch.tensor([prompt], device=device)  # (1, n)
     start, forwards = n // L * L, 0
     while start < n + config.max_new_tokens:
         pad = start + L - tokens.shape[1]
-        tokens = torch.cat((tokens, torch.full((1, pad), mask_id, device=device)), dim=1)  # (1, T)
+        fill = torch.full((1, pad), mask_token_id, device=device)  # (1, pad)
+        tokens = torch.cat((tokens, fill), dim=1)  # (1, T)
         T = tokens.shape[1]
         mask = block_causal_mask(torch.arange(T, device=device) // L,
                                  torch.ones(1, T, dtype=torch.bool, device=device))  # (1, T, T)
         positions = torch.arange(T, device=device)[None]  # (1, T)
         step = 0
-        while bool((tokens[:, start:] == mask_id).any()):
+        while bool((tokens[:, start:] == mask_token_id).any()):
             logits = model.logits(model(tokens, positions, mask))[:, start:]  # (1, L, V)
             forwards += 1
-            proposal = propose(logits, mask_id, sampling_of(config), positions[:, start:], step)
-            eligible = tokens[:, start:] == mask_id  # (1, L)
+            proposal = propose(logits, mask_token_id, sampling_of(config), positions[:, start:],
+                               step)
+            eligible = tokens[:, start:] == mask_token_id  # (1, L)
             commit = select_static(proposal.confidence, eligible, 1)
             tokens[:, start:] = torch.where(commit, proposal.tokens, tokens[:, start:])
             step += 1
@@ -137,13 +139,13 @@ def bench_strategies(model: Backbone, prompt: list[int], new_tokens: int, device
     # One full-length warm-up first: short warm-ups alone leave the first timed strategy
     # ~50% slow (allocator and cache shapes still growing).
     full = DecodeConfig(max_new_tokens=new_tokens, stop_token_ids=())
-    generate(model, [prompt], full, DenoiseDecoder(full))
+    generate(model, [prompt], full, StrategyDecoder(full))
     for name, knobs in STRATEGIES.items():
         config = DecodeConfig(max_new_tokens=new_tokens, stop_token_ids=(), **knobs)
         warm = DecodeConfig(max_new_tokens=16, stop_token_ids=(), **knobs)
-        generate(model, [prompt], warm, DenoiseDecoder(warm))  # warm-up, not timed
+        generate(model, [prompt], warm, StrategyDecoder(warm))  # warm-up, not timed
         result, seconds = timed(device, lambda: generate(model, [prompt], config,
-                                                         DenoiseDecoder(config)), repeats)
+                                                         StrategyDecoder(config)), repeats)
         stats = result.stats
         rows.append(dict(strategy=name, tokens=stats.tokens, seconds=round(seconds, 4),
                          tokens_per_s=round(stats.tokens / seconds, 1),

@@ -31,7 +31,8 @@ from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval import bench  # noqa: E402
 from mrp_dlm.eval.grid import parse_grid  # noqa: E402
 from mrp_dlm.eval.provenance import head_dir  # noqa: E402
-from mrp_dlm.eval.tasks.common import EMBEDDED_TASKS, get_task  # noqa: E402
+from mrp_dlm.eval.tasks.registry import EMBEDDED_TASKS, get_task  # noqa: E402
+from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
 
 MODES = ("static,dynamic:0.9,dynamic:0.7,dynamic:0.5,dynamic:0.3,direct:1,direct:2,"
@@ -46,8 +47,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=100, help="test problems per task")
     parser.add_argument("--batch-size", type=int, default=1, help="prompts per decode call")
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 keeps the default")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default=DEFAULT_DEVICE)
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--tasks", default=",".join(EMBEDDED_TASKS),
                         help="comma-separated task names")

@@ -13,17 +13,18 @@ from mrp_dlm.eval.bench import BENCH_BATCH_SIZE
 from mrp_dlm.eval.demo import DEMO_PROBLEMS
 from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.runner import EVAL_BATCH_SIZE
-from mrp_dlm.eval.tasks.common import TASK_NAMES, get_task
+from mrp_dlm.eval.tasks.registry import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
-from mrp_dlm.model.loading import DTYPES
+from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="checkpoint directory (HF format); default: the embedded model")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
-                        help="weights and activations dtype (default: float32)")
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPES),
+                        help=f"weights and activations dtype (default: {DEFAULT_DTYPE})")
+    parser.add_argument("--device", default=DEFAULT_DEVICE,
+                        help=f"torch device (default: {DEFAULT_DEVICE})")
     parser.add_argument("--mask-token-id", type=int, default=None,
                         help="override the mask token id of the checkpoint")
     parser.add_argument("--head", default=None,

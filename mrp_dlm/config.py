@@ -81,7 +81,7 @@ class DecodeConfig:
     top_k: int = 0  # keep the k most likely tokens when sampling; 0 keeps all
     top_p: float = 1.0  # nucleus mass kept when sampling
     seed: int = 0  # sampling seed; a row's draws depend on it and the row's positions only
-    lookahead: int = 2  # direct/speculative: MRP head steps per backbone forward (K)
+    lookahead: int = 3  # direct/speculative: MRP head steps per backbone forward (K)
     remask_rule: str = "confidence"  # remask: confidence (re-score reveals on A+C) or delta (veto |C| > remask_delta)
     remask_delta: float = 2.0  # remask delta rule: veto a proposal whose residual logit exceeds this
     stop_token_ids: tuple[int, ...] | None = None  # None means the model's stop ids

@@ -21,7 +21,7 @@ from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
-from mrp_dlm.model.loading import DTYPES, load_backbone
+from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, load_backbone
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 from mrp_dlm.threads import set_inference_threads
 
@@ -79,8 +79,8 @@ class Pipeline:
         return self.head if config.mode in MRP_MODES else None
 
     @classmethod
-    def load(cls, directory: str | Path | None = None, dtype: str = "float32",
-             device: str = "cpu", mask_token_id: int | None = None,
+    def load(cls, directory: str | Path | None = None, dtype: str = DEFAULT_DTYPE,
+             device: str = DEFAULT_DEVICE, mask_token_id: int | None = None,
              block_size: int | None = None, head: str | Path | None = None,
              threads: int | None = None) -> "Pipeline":
         """Load a checkpoint directory; None means the embedded model (and its head).

@@ -135,7 +135,7 @@ def top_two_gap(scores: list[float]) -> float:
     return first - second
 
 
-def choose(logits: torch.Tensor, mask_id: int, config: DecodeConfig, position: int,
+def choose(logits: torch.Tensor, mask_token_id: int, config: DecodeConfig, position: int,
            step: int) -> Choice:
     """Token, confidence, entropy and decision margin for one position's logits (V,).
 
@@ -143,7 +143,7 @@ def choose(logits: torch.Tensor, mask_id: int, config: DecodeConfig, position: i
     gap between the two best race scores, or the truncation margin if smaller.
     """
     logits = logits.clone().float()
-    logits[mask_id] = float("-inf")
+    logits[mask_token_id] = float("-inf")
     temperature = config.temperature if config.temperature > 0 else 1.0
     probs = torch.softmax(logits / temperature, dim=0).tolist()
     entropy = -sum(p * math.log(p) for p in probs if p > 0)
@@ -230,14 +230,15 @@ class Margins:
 
 
 def denoise_block(model: Backbone, sequence: list[int], start: int, config: DecodeConfig,
-                  block_size: int, steps: int, mask_id: int, margins: Margins) -> int:
+                  block_size: int, steps: int, mask_token_id: int, margins: Margins) -> int:
     """Reveal every mask of sequence[start:start + L] in place; return the steps used."""
     quotas = even_quotas(block_size, steps)
     step = 0
-    while mask_id in sequence[start:start + block_size]:
+    while mask_token_id in sequence[start:start + block_size]:
         logits = block_logits(model, sequence, start, block_size)  # (L, V)
-        proposals = [choose(logits[j], mask_id, config, start + j, step) for j in range(block_size)]
-        masked = [j for j in range(block_size) if sequence[start + j] == mask_id]
+        proposals = [choose(logits[j], mask_token_id, config, start + j, step)
+                     for j in range(block_size)]
+        masked = [j for j in range(block_size) if sequence[start + j] == mask_token_id]
         chosen, margin = commit_positions(config, masked, [p.confidence for p in proposals],
                                           [p.entropy for p in proposals],
                                           quotas[min(step, steps - 1)])
@@ -252,18 +253,18 @@ def denoise_block(model: Backbone, sequence: list[int], start: int, config: Deco
 
 def run_blocks(model: Backbone, prompt: list[int], config: DecodeConfig, decode_block) -> list[int]:
     """The block loop shared by the reference decoders: pad each block with masks, let
-    `decode_block(sequence, start, block_size, steps, mask_id)` reveal it, stop after a
+    `decode_block(sequence, start, block_size, steps, mask_token_id)` reveal it, stop after a
     block that generated a stop id; return the generated ids trimmed after the first stop."""
     block_size = config.block_size or model.config.block_size
     steps = config.steps or block_size
-    mask_id = model.config.mask_token_id
+    mask_token_id = model.config.mask_token_id
     stops = model.config.stop_token_ids if config.stop_token_ids is None else config.stop_token_ids
     n = len(prompt)
     sequence = list(prompt)
     start = n // block_size * block_size
     while start < n + config.max_new_tokens:
-        sequence += [mask_id] * (start + block_size - len(sequence))
-        decode_block(sequence, start, block_size, steps, mask_id)
+        sequence += [mask_token_id] * (start + block_size - len(sequence))
+        decode_block(sequence, start, block_size, steps, mask_token_id)
         if any(t in stops for t in sequence[max(start, n):start + block_size]):
             break
         start += block_size
@@ -284,9 +285,9 @@ def reference_decode(model: Backbone, prompt: list[int], config: DecodeConfig) -
     """One prompt's generated ids and the smallest decision margin of its decode."""
     margins = Margins()
     ids = run_blocks(model, prompt, config,
-                     lambda sequence, start, block_size, steps, mask_id:
-                     denoise_block(model, sequence, start, config, block_size, steps, mask_id,
-                                   margins))
+                     lambda sequence, start, block_size, steps, mask_token_id:
+                     denoise_block(model, sequence, start, config, block_size, steps,
+                                   mask_token_id, margins))
     return Decoded(ids, margins.smallest)
 
 

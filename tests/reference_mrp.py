@@ -82,21 +82,22 @@ def head_residual(model: Backbone, head: MRPHead, block: list[int], hidden_in: t
     return head(model, torch.tensor([block]), hidden_in[None], positions)[0]
 
 
-def probability(logits: torch.Tensor, token: int, mask_id: int, config: DecodeConfig) -> float:
+def probability(logits: torch.Tensor, token: int, mask_token_id: int,
+                config: DecodeConfig) -> float:
     """Probability of `token` under the tempered softmax of one position's logits (V,)."""
     logits = logits.clone().float()
-    logits[mask_id] = float("-inf")
+    logits[mask_token_id] = float("-inf")
     temperature = config.temperature if config.temperature > 0 else 1.0
     return torch.softmax(logits / temperature, dim=0)[token].item()
 
 
-def static_pick(logits: torch.Tensor, block: list[int], mask_id: int,
+def static_pick(logits: torch.Tensor, block: list[int], mask_token_id: int,
                 trace: Trace) -> list[int] | None:
     """The block after the greedy static rule's one-token pick; None if nothing is masked."""
-    masked = [j for j in range(len(block)) if block[j] == mask_id]
+    masked = [j for j in range(len(block)) if block[j] == mask_token_id]
     if not masked:
         return None
-    picks = {j: choose(logits[j], mask_id, GREEDY, 0, 0) for j in masked}
+    picks = {j: choose(logits[j], mask_token_id, GREEDY, 0, 0) for j in masked}
     confidence = {j: picks[j].confidence for j in masked}
     ranked = by_score(masked, confidence, True)
     best = ranked[0]
@@ -105,12 +106,12 @@ def static_pick(logits: torch.Tensor, block: list[int], mask_id: int,
 
 
 def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
-                 config: DecodeConfig, block_size: int, steps: int, mask_id: int,
+                 config: DecodeConfig, block_size: int, steps: int, mask_token_id: int,
                  trace: Trace) -> None:
     K = config.lookahead
     quotas = even_quotas(block_size, steps)
     step = 0
-    while mask_id in sequence[start:start + block_size]:
+    while mask_token_id in sequence[start:start + block_size]:
         hidden, logits = block_state(model, sequence, start, block_size)
         accumulator = hidden  # h_A, then h_A + sum h_C
         for k in range(K + 1):
@@ -119,9 +120,10 @@ def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
                 accumulator = accumulator + head_residual(model, head, block, accumulator, start)
                 trace.head_calls += 1
                 logits = exact_logits(model, accumulator[None])[0]  # A + sum C
-            masked = [j for j in range(block_size) if sequence[start + j] == mask_id]
+            masked = [j for j in range(block_size) if sequence[start + j] == mask_token_id]
             quota = quotas[min(step, steps - 1)] if k == 0 else 1
-            proposals = {j: choose(logits[j], mask_id, config, start + j, step * (K + 1) + k)
+            proposals = {j: choose(logits[j], mask_token_id, config, start + j,
+                                   step * (K + 1) + k)
                          for j in masked}
             confidence = {j: p.confidence for j, p in proposals.items()}
             ranked = by_score(masked, confidence, True)
@@ -135,18 +137,18 @@ def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
 
 
 def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
-                      config: DecodeConfig, block_size: int, steps: int, mask_id: int,
+                      config: DecodeConfig, block_size: int, steps: int, mask_token_id: int,
                       trace: Trace) -> None:
     assert config.temperature == 0 and steps == block_size
     K = config.lookahead
-    while mask_id in sequence[start:start + block_size]:
+    while mask_token_id in sequence[start:start + block_size]:
         current = sequence[start:start + block_size]
         hidden, logits = block_state(model, sequence, start, block_size)
         # Draft: S_1 from the backbone, S_2 .. S_{K+1} from K chained head steps.
         drafts: list[list[int] | None] = []
         state, accumulator = current, hidden
         for index in range(K + 1):
-            picked = static_pick(logits, state, mask_id, trace)
+            picked = static_pick(logits, state, mask_token_id, trace)
             drafts.append(picked)
             state = picked if picked is not None else state
             if index < K:
@@ -160,7 +162,7 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
                 break
             candidate = sequence[:start] + drafts[j - 1] + sequence[start + block_size:]
             _, check = block_state(model, candidate, start, block_size)
-            if static_pick(check, drafts[j - 1], mask_id, trace) != drafts[j]:
+            if static_pick(check, drafts[j - 1], mask_token_id, trace) != drafts[j]:
                 break
             accepted += 1
         sequence[start:start + block_size] = drafts[accepted - 1]
@@ -169,15 +171,15 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
 
 
 def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
-                 config: DecodeConfig, block_size: int, steps: int, mask_id: int,
+                 config: DecodeConfig, block_size: int, steps: int, mask_token_id: int,
                  trace: Trace) -> None:
     quotas = even_quotas(block_size, steps)
     step = 0
-    while mask_id in sequence[start:start + block_size]:
+    while mask_token_id in sequence[start:start + block_size]:
         block = sequence[start:start + block_size]
         hidden, logits = block_state(model, sequence, start, block_size)
-        masked = [j for j in range(block_size) if block[j] == mask_id]
-        proposals = {j: choose(logits[j], mask_id, config, start + j, step) for j in masked}
+        masked = [j for j in range(block_size) if block[j] == mask_token_id]
+        proposals = {j: choose(logits[j], mask_token_id, config, start + j, step) for j in masked}
         confidence = {j: p.confidence for j, p in proposals.items()}
         commit, margin = above_threshold(config.threshold, masked, confidence,
                                          quotas[min(step, steps - 1)])
@@ -187,7 +189,7 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
             fresh = [proposals[j].token if j in commit else t for j, t in enumerate(block)]
             corrected_hidden = hidden + head_residual(model, head, fresh, hidden, start)  # h_A + h_C
             corrected = exact_logits(model, corrected_hidden[None])[0]  # A + C
-            rescored = {j: probability(corrected[j], proposals[j].token, mask_id, config)
+            rescored = {j: probability(corrected[j], proposals[j].token, mask_token_id, config)
                         for j in commit}
             confident = [j for j in commit if confidence[j] > config.threshold]
             trace.add_margin(min((abs(rescored[j] - config.threshold) for j in confident),
@@ -227,8 +229,9 @@ def reference_mrp_generate(model: Backbone, head: MRPHead, prompt: list[int],
     decode_block = BLOCK_DECODERS[config.mode]
     trace = Trace(histogram=[0] * (config.lookahead + 1) if config.mode == "speculative" else [])
 
-    def one_block(sequence, start, block_size, steps, mask_id):
-        decode_block(model, head, sequence, start, config, block_size, steps, mask_id, trace)
+    def one_block(sequence, start, block_size, steps, mask_token_id):
+        decode_block(model, head, sequence, start, config, block_size, steps, mask_token_id,
+                     trace)
         trace.blocks += 1
 
     trace.token_ids = run_blocks(model, prompt, config, one_block)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.denoise import sampling_of
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, propose
 from mrp_dlm.decoding.selection import select_static
 from mrp_dlm.decoding.step import Advance, Step
+from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
 

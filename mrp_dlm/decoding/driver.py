@@ -20,7 +20,7 @@ exactly the tokens it would get alone. A prompt's trailing partial block becomes
 first decode block with its prompt tokens fixed.
 
 Deliberately not here: commit rules (see `selection.py`) and what a mode does in a step
-(see `denoise.py` and the MRP modes).
+(see `strategies.py` and the MRP modes).
 
 Shapes: B batch, L block size, S cache slots, M candidate copies of a block.
 """
@@ -202,9 +202,9 @@ def decode_block(context: BlockContext, block: torch.Tensor, mode: Mode) -> torc
         if base is None:
             base = context.denoise(block)
         rows = BlockRows(tokens=block, eligible=eligible, positions=context.positions)
-        advance: Advance = mode.step(context, Step(index, schedule.quota(index), rows, base))
-        context.counters.add_commits(eligible & (advance.tokens != block))
-        block, base = advance.tokens, advance.base
+        outcome: Advance = mode.step(context, Step(index, schedule.quota(index), rows, base))
+        context.counters.add_commits(eligible & (outcome.tokens != block))
+        block, base = outcome.tokens, outcome.base
     return block
 
 
@@ -231,11 +231,11 @@ def check_prompts(prompts: list[list[int]], model: Backbone, config: DecodeConfi
                              f"{cfg.max_position_embeddings}")
 
 
-def build_buffers(prompts: list[list[int]], layout: Layout, mask_id: int,
+def build_buffers(prompts: list[list[int]], layout: Layout, mask_token_id: int,
                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Token buffer, positions and key validity, all (B, S)."""
     B, S = len(prompts), layout.total_slots
-    tokens = torch.full((B, S), mask_id, dtype=torch.long)  # (B, S)
+    tokens = torch.full((B, S), mask_token_id, dtype=torch.long)  # (B, S)
     for row, prompt in enumerate(prompts):
         pad = int(layout.pads[row])
         tokens[row, pad:pad + len(prompt)] = torch.tensor(prompt)
@@ -245,12 +245,12 @@ def build_buffers(prompts: list[list[int]], layout: Layout, mask_id: int,
     return tokens.to(device), positions.to(device), key_valid.to(device)
 
 
-def trim(row_tokens: list[int], stop_ids: tuple[int, ...], mask_id: int) -> list[int]:
+def trim(row_tokens: list[int], stop_ids: tuple[int, ...], mask_token_id: int) -> list[int]:
     for index, token in enumerate(row_tokens):
         if token in stop_ids:
             row_tokens = row_tokens[:index + 1]
             break
-    return [t for t in row_tokens if t != mask_id]
+    return [t for t in row_tokens if t != mask_token_id]
 
 
 def finished_rows(block: torch.Tensor, generated: torch.Tensor, end_slots: torch.Tensor,

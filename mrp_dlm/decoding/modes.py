@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from mrp_dlm.config import MRP_MODES, DecodeConfig
-from mrp_dlm.decoding.denoise import DenoiseDecoder
 from mrp_dlm.decoding.direct import DirectDecoder
 from mrp_dlm.decoding.remask import RemaskDecoder
 from mrp_dlm.decoding.speculative import SpeculativeDecoder
 from mrp_dlm.decoding.step import Mode
+from mrp_dlm.decoding.strategies import StrategyDecoder
 from mrp_dlm.model.head import MRPHead
 
 MRP_DECODERS = {"direct": DirectDecoder, "speculative": SpeculativeDecoder,
@@ -16,7 +16,7 @@ MRP_DECODERS = {"direct": DirectDecoder, "speculative": SpeculativeDecoder,
 
 def make_decoder(config: DecodeConfig, head: MRPHead | None = None) -> Mode:
     if config.mode not in MRP_MODES:
-        return DenoiseDecoder(config)
+        return StrategyDecoder(config)
     if head is None:
         raise ValueError(f"mode {config.mode!r} needs an MRP head (--head DIR)")
     return MRP_DECODERS[config.mode](config, head)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import torch
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.denoise import sampling_of
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import Proposal, propose, token_confidence
 from mrp_dlm.decoding.selection import revoke_unconfident, select_dynamic, veto_large_residual
 from mrp_dlm.decoding.step import Advance, BackboneStep, Step
+from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import MRPHead
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.eval.bench import bench_rows, run_bench, split_by_head
 from mrp_dlm.eval.runner import EvalResult
-from mrp_dlm.eval.tasks.common import EMBEDDED_TASKS, get_task
+from mrp_dlm.eval.tasks.registry import EMBEDDED_TASKS, get_task
 from mrp_dlm.pipeline import Pipeline
 
 DEMO_PROBLEMS = 20  # held-out problems per task

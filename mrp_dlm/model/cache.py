@@ -49,9 +49,5 @@ class KVCache:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (layers, B, nkv, S, hd)
         self.values = torch.zeros(shape, dtype=dtype, device=device)  # (layers, B, nkv, S, hd)
 
-    @property
-    def slots(self) -> int:
-        return self.keys.shape[3]
-
     def layer(self, index: int) -> LayerCache:
         return LayerCache(self.keys[index], self.values[index])

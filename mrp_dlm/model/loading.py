@@ -28,6 +28,8 @@ SUPPORTED_MODEL_TYPES = ("sdar", "qwen3")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_DTYPE = "float32"  # a DTYPES name: what a model loads in unless told (Pipeline, `mrp`)
+DEFAULT_DEVICE = "cpu"  # the device a model loads onto unless told (Pipeline, `mrp`)
 
 
 class CheckpointError(ValueError):
@@ -207,8 +209,8 @@ def copy_shard(path: Path, params: dict[str, torch.Tensor], seen: set[str]) -> N
             seen.add(name)
 
 
-def load_backbone(directory: str | Path, dtype: torch.dtype = torch.float32,
-                  device: torch.device | str = "cpu", mask_token_id: int | None = None,
+def load_backbone(directory: str | Path, dtype: torch.dtype = DTYPES[DEFAULT_DTYPE],
+                  device: torch.device | str = DEFAULT_DEVICE, mask_token_id: int | None = None,
                   block_size: int | None = None) -> Backbone:
     """Read a local HF-format SDAR/Qwen3 checkpoint into a Backbone in eval mode."""
     directory, device = Path(directory), resolve_device(device)

@@ -27,7 +27,10 @@ from mrp_dlm.serving.verify_batch import check_sglang_version
 
 
 class MrpAlgorithm(DllmAlgorithm):
-    """Base of MrpSpeculative and MrpDirect (FDFO only, greedy only, tp 1 only)."""
+    """Base of MrpSpeculative and MrpDirect (FDFO only, greedy only, tp 1 only).
+
+    `self.mask_id` and `self.block_size` are SGLang's (`DllmAlgorithm.__init__` sets them
+    from its DllmConfig), so they keep SGLang's names; ours is `mask_token_id`."""
 
     supported_architectures = ("SDARForCausalLM",)
 
@@ -92,10 +95,10 @@ def run_rows(model_runner: Any, forward_batch: Any, block_size: int
     return out, logits.float().view(N, block_size, -1), hidden.view(N, block_size, -1)
 
 
-def prompt_mask_of(forward_batch: Any, block_size: int, mask_id: int) -> torch.Tensor:
+def prompt_mask_of(forward_batch: Any, block_size: int, mask_token_id: int) -> torch.Tensor:
     """(B, L) bool: block positions that are prompt (never revealed)."""
     mask = forward_batch.dllm_prompt_mask
     if mask is not None:
         return mask.view(-1, block_size).clone()
     ids = forward_batch.input_ids.view(-1, block_size)
-    return ids != mask_id
+    return ids != mask_token_id

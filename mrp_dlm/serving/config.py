@@ -1,13 +1,15 @@
 """The MRP algorithms' YAML (`--dllm-algorithm-config mrp.yaml`) as a frozen dataclass.
 
-    lookahead: 3            # K: head drafts per round (speculative) / commits per forward (direct)
+    lookahead: 3            # optional, default DecodeConfig's; K: head drafts per round
+                            # (speculative) / commits per forward (direct)
     head: /path/to/head     # MRP head directory (config.json + model.safetensors)
     block_size: 16          # optional; else the model's config.json, else the SDAR default 4
-    mask_id: 151669         # optional; else the model's config.json, else the SDAR default
+    mask_token_id: 151669   # optional; else the model's config.json, else the SDAR default
 
 SGLang reads `block_size` from the same file; the mask id it would take from its own table
 (151669 for SDAR), which is why the plugin resolves both here (see `resolve_block_facts`).
-Unknown keys are errors: a typo must never be silently ignored.
+Unknown keys are errors: a typo must never be silently ignored. `mask_id` is a deprecated
+alias of `mask_token_id` (it logs a warning; giving both is an error).
 
 Deliberately not here: loading the head (see `models/sdar_mrp.py`) and SGLang's own keys
 beyond `block_size` (e.g. `threshold` belongs to LowConfidence).
@@ -15,11 +17,17 @@ beyond `block_size` (e.g. `threshold` belongs to LowConfidence).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID
+from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, DecodeConfig
+
+log = logging.getLogger(__name__)
+
+DEPRECATED_KEYS = {"mask_id": "mask_token_id"}  # old YAML key -> its one current name
+YAML_SOURCE = "the dLLM algorithm config"  # how messages name the YAML when no path is known
 
 
 class ServingConfigError(ValueError):
@@ -31,9 +39,9 @@ class MrpServingConfig:
     """What the MRP algorithms need beyond SGLang's own server arguments."""
 
     head: str  # MRP head directory, trained on this model at this block size
-    lookahead: int = 3  # K: head steps per round (speculative drafts 2..K+1, direct commits)
+    lookahead: int = DecodeConfig.lookahead  # K: head steps per round (the library's default)
     block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
-    mask_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
+    mask_token_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
     capture_input_preparation: bool = True  # SGLang's own key; accepted and passed through
 
     def __post_init__(self) -> None:
@@ -42,17 +50,18 @@ class MrpServingConfig:
         if not isinstance(self.lookahead, int) or isinstance(self.lookahead, bool) \
                 or self.lookahead < 1:
             raise ServingConfigError(f"lookahead must be an integer >= 1, got {self.lookahead!r}")
-        for name in ("block_size", "mask_id"):
+        for name in ("block_size", "mask_token_id"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < (1 if name == "block_size" else 0)):
                 raise ServingConfigError(f"{name} must be a non-negative integer, got {value!r}")
 
     @classmethod
-    def from_mapping(cls, raw: Any, source: str = "the dLLM algorithm config"
+    def from_mapping(cls, raw: Any, source: str = YAML_SOURCE
                      ) -> "MrpServingConfig":
         if not isinstance(raw, dict):
             raise ServingConfigError(f"{source} must be a YAML mapping, got {type(raw).__name__}")
+        raw = current_keys(raw, source)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -68,6 +77,21 @@ class MrpServingConfig:
             raise ServingConfigError(f"MRP head directory not found (or without config.json): "
                                      f"{path}")
         return path
+
+
+def current_keys(raw: dict, source: str = YAML_SOURCE) -> dict:
+    """raw with each deprecated key renamed to its current name (a logged warning); an
+    error when a mapping gives both spellings."""
+    renamed = dict(raw)
+    for old, new in DEPRECATED_KEYS.items():
+        if old not in renamed:
+            continue
+        if new in renamed:
+            raise ServingConfigError(f"{source} gives both `{old}` and `{new}`; keep only "
+                                     f"`{new}` (`{old}` is its deprecated alias)")
+        log.warning("%s: `%s` is deprecated; write `%s` instead", source, old, new)
+        renamed[new] = renamed.pop(old)
+    return renamed
 
 
 def read_yaml(path: str | None) -> dict:
@@ -93,16 +117,18 @@ def load_serving_config(path: str | None) -> MrpServingConfig:
 @dataclass(frozen=True)
 class BlockFacts:
     block_size: int  # L the server decodes with
-    mask_id: int  # [MASK] id
+    mask_token_id: int  # [MASK] id
 
 
 def resolve_block_facts(yaml_values: dict, hf_config: Any,
                         table: BlockFacts = BlockFacts(SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID)
                         ) -> BlockFacts:
     """YAML first, then the model's config.json, then SGLang's SDAR table."""
+    yaml_values = current_keys(yaml_values)
     block_size = yaml_values.get("block_size") or getattr(hf_config, "block_size", None) \
         or table.block_size
-    mask_id = yaml_values.get("mask_id")
-    if mask_id is None:
-        mask_id = getattr(hf_config, "mask_token_id", None)
-    return BlockFacts(int(block_size), table.mask_id if mask_id is None else int(mask_id))
+    mask_token_id = yaml_values.get("mask_token_id")
+    if mask_token_id is None:
+        mask_token_id = getattr(hf_config, "mask_token_id", None)
+    return BlockFacts(int(block_size),
+                      table.mask_token_id if mask_token_id is None else int(mask_token_id))

@@ -46,7 +46,7 @@ class HeadHost:
     lm_head: LinearView  # weights of the backbone's lm_head (no bias)
 
     @property
-    def mask_id(self) -> int:
+    def mask_token_id(self) -> int:
         return self.config.mask_token_id
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -67,7 +67,7 @@ def host_of(hf_config: Any, embed_tokens: Callable, lm_head_weight: torch.Tensor
             facts: BlockFacts) -> HeadHost:
     """A HeadHost for an SGLang model's Hugging Face config and weights."""
     raw = raw_config(hf_config)
-    config = config_from_hf(raw, stop_ids=(), mask_token_id=facts.mask_id,
+    config = config_from_hf(raw, stop_ids=(), mask_token_id=facts.mask_token_id,
                             block_size=facts.block_size)
     V = config.vocab_size
     return HeadHost(config=config, model=EmbeddingView(embed_tokens),

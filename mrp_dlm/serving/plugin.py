@@ -87,5 +87,6 @@ def block_facts_hook(result, server_args, *args, **kwargs):
     if architectures[:1] != ["SDARForCausalLM"]:
         return result
     facts = resolve_block_facts(read_yaml(cfg.dllm_algorithm_config), model_config.hf_config)
-    result.block_size, result.mask_id = facts.block_size, facts.mask_id
+    # `mask_id` is SGLang's DllmConfig field (its algorithms and requests read it): not ours
+    result.block_size, result.mask_id = facts.block_size, facts.mask_token_id
     return result

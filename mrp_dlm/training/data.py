@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mrp_dlm.eval.tasks.common import get_task
+from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.model.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)

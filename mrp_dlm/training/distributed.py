@@ -110,7 +110,3 @@ def wrap_module(module: nn.Module, world: World) -> nn.Module:
     if world.size == 1:
         return module
     return DistributedDataParallel(module, device_ids=None)
-
-
-def unwrap_module(module: nn.Module) -> nn.Module:
-    return module.module if isinstance(module, DistributedDataParallel) else module

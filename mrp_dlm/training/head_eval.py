@@ -128,13 +128,13 @@ def rule_sums(head: nn.Module, backbone: Backbone, blocks: NoisyBlocks, context:
     keys: (K, N, L) random reveal priorities of the part's blocks (read by the random rule).
     """
     lookahead, N, _ = keys.shape
-    device, mask_id = keys.device, backbone.config.mask_token_id
+    device, mask_token_id = keys.device, backbone.config.mask_token_id
     plan = RevealPlan(rule, keys, torch.ones(lookahead, N, dtype=torch.int64, device=device))
     agreed = torch.ones(N, dtype=torch.bool, device=device)  # (N,) all picks so far agree
     for k, step in enumerate(chain_steps(head, backbone, blocks, context, plan)):
         base = backbone.logits(blocks.base_hidden[step.still])  # (M, V)
         step_sum, agree = step_sums(step.still, base, step.next_logits,
-                                    step.corrected_logits, mask_id)
+                                    step.corrected_logits, mask_token_id)
         sums[k] += step_sum
         agreed &= agree
         accepted[0] += float(agreed.sum())

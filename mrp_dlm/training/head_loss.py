@@ -92,14 +92,14 @@ def choose_reveals(plan: RevealPlan, step: int, masked: torch.Tensor,
 def chain_steps(head: nn.Module, backbone: Backbone, blocks: NoisyBlocks, context: CleanContext,
                 plan: RevealPlan) -> Iterator[ChainStep]:
     """The K steps of reveal -> teach -> correct; `head` is an MRPHead (or its DDP wrapper)."""
-    mask_id = backbone.config.mask_token_id
+    mask_token_id = backbone.config.mask_token_id
     tokens, masked, accumulator = blocks.tokens, blocks.masked, blocks.base_hidden
     current = None
     if plan.rule == "static":
         with torch.no_grad():
             current = backbone.logits(accumulator[masked])  # (M, V), A
     for k in range(plan.lookahead):
-        chosen, proposed = choose_reveals(plan, k, masked, current, blocks.targets, mask_id)
+        chosen, proposed = choose_reveals(plan, k, masked, current, blocks.targets, mask_token_id)
         tokens = torch.where(chosen, proposed, tokens)  # (N, L)
         masked = masked & ~chosen  # (N, L)
         with torch.no_grad():

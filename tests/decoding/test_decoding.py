@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from mrp_dlm.config import BackboneConfig, DecodeConfig
-from mrp_dlm.decoding.denoise import DenoiseDecoder
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.sampling import truncate
+from mrp_dlm.decoding.strategies import StrategyDecoder
 from mrp_dlm.model.loading import CheckpointError, load_backbone
 from reference import even_quotas, reference_decode, reference_generate, robust_cases, truncated
 
@@ -39,7 +39,7 @@ def prompt_of(length: int, seed: int) -> list[int]:
 
 
 def decode(model, prompts, config):
-    return generate(model, prompts, config, DenoiseDecoder(config))
+    return generate(model, prompts, config, StrategyDecoder(config))
 
 
 CANDIDATES = 8  # prompts drawn per case; those with a near-tie decision are skipped
@@ -276,11 +276,12 @@ def test_stop_id_outside_vocab(tiny_model):
         decode(tiny_model, [[1, 2]], DecodeConfig(stop_token_ids=(99,)))
 
 
-@pytest.mark.parametrize("mask_id", [99, 1000, -1])
-def test_mask_id_outside_vocab(mask_id, checkpoint_dir):
-    with pytest.raises(ValueError, match=rf"mask_token_id {mask_id} is outside the vocabulary "
-                                         r"\[0, 99\)"):
+@pytest.mark.parametrize("mask_token_id", [99, 1000, -1])
+def test_mask_token_id_outside_vocab(mask_token_id, checkpoint_dir):
+    with pytest.raises(ValueError, match=rf"mask_token_id {mask_token_id} is outside the "
+                                         r"vocabulary \[0, 99\)"):
         BackboneConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                       intermediate_size=37, mask_token_id=mask_id)
-    with pytest.raises(CheckpointError, match=rf"mask_token_id {mask_id} is outside the vocabulary"):
-        load_backbone(checkpoint_dir, mask_token_id=mask_id)
+                       intermediate_size=37, mask_token_id=mask_token_id)
+    with pytest.raises(CheckpointError,
+                       match=rf"mask_token_id {mask_token_id} is outside the vocabulary"):
+        load_backbone(checkpoint_dir, mask_token_id=mask_token_id)

@@ -9,7 +9,7 @@ import pytest
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.eval import bench
 from mrp_dlm.eval.grid import DEFAULT_GRID, grid_label, parse_grid, setting_of
-from mrp_dlm.eval.tasks.common import get_task
+from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.pipeline import Pipeline
 
 BASE = DecodeConfig(max_new_tokens=8)

@@ -175,7 +175,7 @@ def test_tied_lm_head_shares_the_embedding(make_model):
 @torch.no_grad()
 def test_cached_protocol_equals_full_recompute(make_model):
     """Prefill, denoise, store and an M-copy verify, with a left-padded second row."""
-    L, M, mask_id = 4, 3, 98
+    L, M, mask_token_id = 4, 3, 98
     model = make_model()
     c = model.config
     # Row 0: 8-token prompt (2 full blocks). Row 1: 4-token prompt, left-padded by one block.
@@ -205,7 +205,8 @@ def test_cached_protocol_equals_full_recompute(make_model):
 
     # Denoise the first decode block (slots 8..11): partly masked, prefix untouched.
     prefix_before = cache.keys[:, :, :, :P].clone()
-    noisy = torch.tensor([[5, mask_id, 7, mask_id], [mask_id, 11, mask_id, mask_id]])
+    noisy = torch.tensor([[5, mask_token_id, 7, mask_token_id],
+                          [mask_token_id, 11, mask_token_id, mask_token_id]])
     got = denoise(noisy, P)
     for row in range(2):
         assert_close(got[row], expect(row, [], noisy[row]), what=f"denoise row {row}")
@@ -214,7 +215,7 @@ def test_cached_protocol_equals_full_recompute(make_model):
     # Store the finished block, then denoise the next one (slots 12..15).
     final = torch.tensor([[5, 6, 7, 8], [9, 11, 13, 15]])
     got_final = denoise(final, P)
-    nxt = torch.tensor([[mask_id] * 4, [21, mask_id, mask_id, 22]])
+    nxt = torch.tensor([[mask_token_id] * 4, [21, mask_token_id, mask_token_id, 22]])
     got = denoise(nxt, P + L)
     for row in range(2):
         assert_close(got_final[row], expect(row, [], final[row]), what=f"store row {row}")
@@ -223,8 +224,8 @@ def test_cached_protocol_equals_full_recompute(make_model):
     # Verify M candidate states of that block in one forward: each copy sees the prefix
     # and itself only, at the block's own positions.
     stored = cache.keys[:, :, :, :P + L].clone()
-    candidates = [torch.tensor([[1, mask_id, 3, mask_id], [mask_id] * 4]),
-                  torch.tensor([[1, 2, 3, mask_id], [4, mask_id, 6, mask_id]]),
+    candidates = [torch.tensor([[1, mask_token_id, 3, mask_token_id], [mask_token_id] * 4]),
+                  torch.tensor([[1, 2, 3, mask_token_id], [4, mask_token_id, 6, mask_token_id]]),
                   torch.tensor([[1, 2, 3, 4], [4, 5, 6, 7]])]
     got = denoise(torch.cat(candidates, dim=1), P + L).view(2, M, L, -1)
     for row in range(2):

@@ -107,9 +107,9 @@ class FakeRequest:
         return len(self.output) >= self.max_new
 
 
-def start_block(runner: FakeRunner, request: FakeRequest, mask_id: int) -> None:
+def start_block(runner: FakeRunner, request: FakeRequest, mask_token_id: int) -> None:
     L = runner.block_size
-    fill = request.prompt + request.output + [mask_id] * L
+    fill = request.prompt + request.output + [mask_token_id] * L
     request.block = fill[request.offset:request.offset + L]
     slots = runner.token_to_kv_pool_allocator.alloc(L)
     runner.req_to_token_pool.req_to_token[request.row, request.offset:request.offset + L] = slots
@@ -135,7 +135,7 @@ def batch_of(runner: FakeRunner, requests: list[FakeRequest]) -> ForwardBatch:
 
 
 def serve(runner: FakeRunner, algorithm, prompts: list[list[int]], max_new: int,
-          mask_id: int, max_rounds: int = 2000) -> list[list[int]]:
+          mask_token_id: int, max_rounds: int = 2000) -> list[list[int]]:
     """Decode all prompts together in FDFO rounds; the first max_new tokens of each."""
     L = runner.block_size
     requests = [FakeRequest(prompt, max_new) for prompt in prompts]
@@ -148,7 +148,7 @@ def serve(runner: FakeRunner, algorithm, prompts: list[list[int]], max_new: int,
             return [r.output[:max_new] for r in requests]
         for request in active:
             if request.block is None:
-                start_block(runner, request, mask_id)
+                start_block(runner, request, mask_token_id)
         _, next_ids, accepted, states, _ = algorithm.run(runner, batch_of(runner, active),
                                                           [r.state for r in active])
         for request, ids, length, state in zip(active, next_ids, accepted, states):

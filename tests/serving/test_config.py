@@ -6,10 +6,12 @@ Pure parts run without SGLang; the registry test needs it (marker `sglang`).
 from __future__ import annotations
 
 import importlib.util
+import logging
 from types import SimpleNamespace
 
 import pytest
 
+from mrp_dlm.config import DecodeConfig
 from mrp_dlm.serving.config import (BlockFacts, MrpServingConfig, ServingConfigError,
                                     load_serving_config, resolve_block_facts)
 from mrp_dlm.serving.sdar_config import SDARConfig
@@ -30,12 +32,17 @@ def test_yaml_is_parsed_into_a_frozen_config(tmp_path):
     ({"head": "h", "lookahead": 0}, "lookahead"),
     ({"head": "h", "lookahead": True}, "lookahead"),
     ({"head": "h", "block_size": "16"}, "block_size"),
-    ({"head": "h", "mask_id": -1}, "mask_id"),
+    ({"head": "h", "mask_token_id": -1}, "mask_token_id"),
+    ({"head": "h", "mask_id": 5, "mask_token_id": 5}, "both `mask_id` and `mask_token_id`"),
     (["head"], "YAML mapping"),
 ])
 def test_bad_yaml_values_name_the_key(raw, message):
     with pytest.raises(ServingConfigError, match=message):
         MrpServingConfig.from_mapping(raw)
+
+
+def test_lookahead_default_is_the_library_default():
+    assert MrpServingConfig(head="h").lookahead == DecodeConfig().lookahead
 
 
 def test_missing_yaml_and_missing_head_directory(tmp_path):
@@ -50,7 +57,18 @@ def test_block_facts_yaml_then_config_then_sdar_table():
     published = SimpleNamespace()  # SDAR's config.json has neither key
     assert resolve_block_facts({}, published) == BlockFacts(4, 151669)
     assert resolve_block_facts({}, with_facts) == BlockFacts(16, 3)
-    assert resolve_block_facts({"block_size": 8, "mask_id": 5}, with_facts) == BlockFacts(8, 5)
+    assert resolve_block_facts({"block_size": 8, "mask_token_id": 5}, with_facts) \
+        == BlockFacts(8, 5)
+
+
+def test_mask_id_is_a_deprecated_alias_of_mask_token_id(caplog):
+    with caplog.at_level(logging.WARNING, logger="mrp_dlm.serving.config"):
+        config = MrpServingConfig.from_mapping({"head": "h", "mask_id": 5})
+    assert config == MrpServingConfig(head="h", mask_token_id=5)
+    assert "`mask_id` is deprecated; write `mask_token_id`" in caplog.text
+    assert resolve_block_facts({"mask_id": 5}, SimpleNamespace()) == BlockFacts(4, 5)
+    with pytest.raises(ServingConfigError, match="both `mask_id` and `mask_token_id`"):
+        resolve_block_facts({"mask_id": 5, "mask_token_id": 6}, SimpleNamespace())
 
 
 def test_sdar_config_keeps_rope_theta():

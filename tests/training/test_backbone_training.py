@@ -172,11 +172,11 @@ def test_block_diffusion_loss_counts_response_tokens_only():
 
 def test_dropping_unmasked_noisy_blocks_keeps_the_loss(make_model):
     model = make_model(block_size=BLOCK, std=0.2).train()
-    mask_id = model.config.mask_token_id
+    mask_token_id = model.config.mask_token_id
     samples = [make_sample(n, p, first_id=5) for n, p in ((12, 6), (8, 5), (16, 9), (8, 2))]
     batch = collate_rows(samples, [[0, 1], [2, 3]], 28, PAD)
     for seed in range(3):
-        noisy = add_noise(batch.input_ids, batch.segment_ids, batch.response, mask_id,
+        noisy = add_noise(batch.input_ids, batch.segment_ids, batch.response, mask_token_id,
                           torch.Generator().manual_seed(seed))
         full = block_diffusion_loss(model, batch, noisy, all_noisy_slots(2, 28))
         kept = block_diffusion_loss(model, batch, noisy)

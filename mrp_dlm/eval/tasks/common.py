@@ -1,4 +1,4 @@
-"""Shared base of the tasks: the `Example` record, seeded and file-backed splits, the registry.
+"""Shared base of the tasks: the `Example` record, seeded and file-backed splits.
 
 A generated task (`Task`) only says how one seed becomes an `Example` and how a completion
 is graded. This module turns that into splits: test examples come from a reserved seed range
@@ -12,8 +12,9 @@ example's `seed` is its 0-based record position. Every problem in a data file is
 a `DataFileError` naming the file, the line and the fields the task expects.
 
 Deliberately not here: chat templates and tokenization (the caller applies them to
-`prompt(example)`), answer extraction and code grading (`answers.py`, `code.py`), and
-running a model.
+`prompt(example)`), answer extraction and code grading (`answers.py`, `code.py`), the
+task names and `get_task` (`registry.py`, which imports the task modules that import this
+one), and running a model.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 SPLITS = ("train", "test")
-EMBEDDED_TASKS = ("arith", "arith-code")  # generated tasks the embedded model is trained on
-TASK_NAMES = EMBEDDED_TASKS + ("gsm8k", "math500", "humaneval", "mbpp")
 TEST_SIZE = 500  # examples in every generated test split
 TEST_SEED_START = 1_000_000_000  # test seeds count up from here; train seeds from 0
 DEFAULT_TRAIN_SIZE = 50_000  # train examples when no count is given
@@ -230,34 +229,3 @@ def collect_unique(task: Task, first_seed: int, count: int, excluded: set[str]) 
         return found
     raise RuntimeError(f"{task.name}: only {len(found)} distinct problems in seeds "
                        f"{first_seed}..{last_seed}; the task is too easy for {count}")
-
-
-def task_classes() -> dict[str, type[Task]]:
-    """Task name -> class, for every name in `TASK_NAMES`."""
-    # Imported here because the task modules import this one.
-    from mrp_dlm.eval.tasks.arith import ArithTask
-    from mrp_dlm.eval.tasks.arith_code import ArithCodeTask
-    from mrp_dlm.eval.tasks.gsm8k import GSM8KTask
-    from mrp_dlm.eval.tasks.humaneval import HumanEvalTask
-    from mrp_dlm.eval.tasks.math500 import Math500Task
-    from mrp_dlm.eval.tasks.mbpp import MBPPTask
-
-    return {"arith": ArithTask, "arith-code": ArithCodeTask, "gsm8k": GSM8KTask,
-            "math500": Math500Task, "humaneval": HumanEvalTask, "mbpp": MBPPTask}
-
-
-def get_task(name: str, data: str | Path | None = None) -> Task:
-    """The task registered under `name` (exact key: one of `TASK_NAMES`).
-
-    File tasks read `data` (a JSON Lines file) now, so a bad file fails here; generated
-    tasks take no data.
-    """
-    classes = task_classes()
-    if name not in classes:
-        raise KeyError(f"unknown task {name!r}; choose from {TASK_NAMES}")
-    task_class = classes[name]
-    if issubclass(task_class, FileTask):
-        return task_class(data)
-    if data is not None:
-        raise ValueError(f"{name} is generated from seeds and takes no data file (got {data})")
-    return task_class()

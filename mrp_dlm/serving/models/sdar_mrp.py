@@ -40,7 +40,7 @@ class SDARForCausalLM(SGLangSDARForCausalLM):
         super().__init__(config, quant_config=quant_config, prefix=prefix)
         dllm = get_exec().dllm
         facts = resolve_block_facts(read_yaml(dllm.dllm_algorithm_config), config)
-        self.mask_id = facts.mask_id
+        self.mask_token_id = facts.mask_token_id
         self.block_facts = facts
         self.mrp_head: Optional[MRPHead] = None  # set by load_weights for the MRP algorithms
         self.mrp_host: Optional[HeadHost] = None
@@ -53,7 +53,7 @@ class SDARForCausalLM(SGLangSDARForCausalLM):
                             pp_proxy_tensors=pp_proxy_tensors)  # (T, H) after the final norm
         output = self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
         if forward_batch.forward_mode.is_dllm_extend():
-            output.full_logits[:, self.mask_id] = float("-inf")  # (T, V)
+            output.full_logits[:, self.mask_token_id] = float("-inf")  # (T, V)
             output.hidden_states = hidden
         return output
 

@@ -37,7 +37,7 @@ def select(config: DecodeConfig, proposal: Proposal, eligible: torch.Tensor,
     raise ValueError(f"no commit rule for mode {config.mode!r}")
 
 
-class DenoiseDecoder:
+class StrategyDecoder:
     """Step of the four reference strategies."""
 
     copies = 1
