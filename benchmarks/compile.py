@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
-from mrp_dlm.eval.tasks.common import get_task  # noqa: E402
+from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
 
 CONFIGS = {"static": DecodeConfig(mode="static", max_new_tokens=128),

@@ -59,7 +59,7 @@ class Pipeline:
             return None
         head = load_head(self.head_dir, self.model)
         if self.compiled:
-            head.compile(dynamic=None)
+            head.compile(dynamic=False)
         return head
 
     def compile(self) -> "Pipeline":
@@ -70,7 +70,7 @@ class Pipeline:
         costs a compile per batch size and forward kind (tens of seconds on a CPU) and can
         be slower at larger batches: see docs/experiments.md. Returns self.
         """
-        self.model.compile(dynamic=None)
+        self.model.compile(dynamic=False)
         self.compiled = True
         return self
 

@@ -39,6 +39,11 @@ from mrp_dlm.model.cache import KVCache
 from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask
 
 
+# Cache slots are rounded up to a multiple of this, so that calls with prompts of other
+# lengths mostly share one static shape (a compiled step recompiles per shape).
+SLOT_BUCKET = 256
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where each row lives in the slot buffer."""
@@ -272,8 +277,9 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     L, device = schedule.block_size, model.lm_head.weight.device
     layout = plan_layout([len(p) for p in prompts], L, config.max_new_tokens)
     tokens, positions, key_valid = build_buffers(prompts, layout, schedule.mask_token_id, device)
+    slots = layout.total_slots + (mode.copies - 1) * L
     cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads,
-                    layout.total_slots + (mode.copies - 1) * L, model.config.head_dim,
+                    -(-slots // SLOT_BUCKET) * SLOT_BUCKET, model.config.head_dim,
                     model.lm_head.weight.dtype, device)
     counters = Counters.start(mode.copies, device)
     if layout.prefix_slots:
