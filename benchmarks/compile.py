@@ -1,4 +1,5 @@
-"""What torch.compile of the decode hot path buys (`Pipeline.compile`, `mrp ... --compile`).
+"""What torch.compile of the decode hot path buys: the backbone's block steps (static
+shapes, see `decoding/driver.py`) and the head, each `nn.Module.compile(dynamic=False)`.
 
 Not a test (never collected by pytest). On the embedded model and head, static and
 speculative (K = 3) decoding of held-out `arith` prompts at batch 1 and 8, eager against
@@ -50,7 +51,8 @@ def main() -> int:
     problems = [e.problem for e in get_task("arith").examples("test", 3 * args.prompts)]
     warm, timed = problems[args.prompts:], problems[:args.prompts]
     eager, compiled = Pipeline.load(threads=args.threads), Pipeline.load(threads=args.threads)
-    compiled.compile()
+    compiled.model.compile(dynamic=False)  # prefill runs `forward`, so it stays eager
+    compiled.head.compile(dynamic=False)
     began = time.perf_counter()
     for config in CONFIGS.values():
         for batch in (1, 8, 3):

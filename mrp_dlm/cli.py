@@ -30,9 +30,6 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head", default=None,
                         help="MRP head directory for the direct, speculative and remask modes "
                              "(default: the embedded head with the embedded model)")
-    parser.add_argument("--compile", action="store_true",
-                        help="run the decode hot path under torch.compile: pays on long runs "
-                             "of small models at batch 1, costs tens of seconds first")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default or 0: chosen by model size, unless "
                              "OMP_NUM_THREADS or MKL_NUM_THREADS is set)")
@@ -41,9 +38,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 def load_pipeline(args: argparse.Namespace, block_size: int | None):
     from mrp_dlm.pipeline import Pipeline
 
-    pipe = Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id, block_size,
+    return Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id, block_size,
                          args.head, args.threads)
-    return pipe.compile() if args.compile else pipe
 
 
 def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:

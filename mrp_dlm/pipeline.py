@@ -49,30 +49,12 @@ class Pipeline:
     tokenizer: TextTokenizer | None
     directory: Path
     head_dir: Path | None = None  # MRP head checkpoint, read when a mode first needs the head
-    compiled: bool = False  # the hot path runs under torch.compile (see `compile`)
 
     @functools.cached_property
     def head(self) -> MRPHead | None:
         """The MRP head, read on first use: only the MRP modes load it, so a head that does
         not fit (trained for another block size, say) never stops the other modes."""
-        if self.head_dir is None:
-            return None
-        head = load_head(self.head_dir, self.model)
-        if self.compiled:
-            head.compile(dynamic=False)
-        return head
-
-    def compile(self) -> "Pipeline":
-        """Compile the decode hot path with torch.compile: the backbone's block steps
-        (denoise, verify, store; static shapes, see `decoding/driver.py`) and the head.
-
-        Pays on long runs of small models at batch 1, where a forward is Python overhead;
-        costs a compile per batch size and forward kind (tens of seconds on a CPU) and can
-        be slower at larger batches: see docs/experiments.md. Returns self.
-        """
-        self.model.compile(dynamic=False)
-        self.compiled = True
-        return self
+        return None if self.head_dir is None else load_head(self.head_dir, self.model)
 
     def head_for(self, config: DecodeConfig) -> MRPHead | None:
         """The head `config` decodes with; None for the modes that use none."""

@@ -285,8 +285,9 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     if layout.prefix_slots:
         P = layout.prefix_slots
         mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])
-        # `forward`, not `__call__`: a compiled backbone (`Pipeline.compile`) compiles its
-        # per-block steps, whose shapes repeat; prefill's length differs every call.
+        # `forward`, not `__call__`: a compiled backbone (`nn.Module.compile`, see
+        # benchmarks/compile.py) compiles its block steps, whose shapes repeat; prefill's
+        # length differs every call.
         model.forward(tokens[:, :P], positions[:, :P], mask, cache, 0)
         counters.add_prefill(len(prompts))
     prompt_ends = (layout.pads + layout.lengths).to(device)  # (B,) first generated slot

@@ -1,5 +1,5 @@
-"""Compiled == eager, token for token (`Pipeline.compile`: torch.compile of the backbone's
-block steps and the head), on the tiny model with a random head, for every mode family,
+"""Compiled == eager, token for token (torch.compile of the backbone's block steps and the
+head, as benchmarks/compile.py does), on the tiny model with a random head, for every mode family,
 batched and solo, on prompts whose reference decode has no decision within float noise of
 flipping (compiled kernels round differently).
 
@@ -59,7 +59,7 @@ def test_compiled_equals_eager():
                for i, n in enumerate(LENGTHS)]
     with torch.no_grad():
         eager = decode_all(model, head, prompts)
-        model.compile(dynamic=None)
-        head.compile(dynamic=None)
+        model.compile(dynamic=False)
+        head.compile(dynamic=False)
         compiled = decode_all(model, head, prompts)
     assert compiled == eager
