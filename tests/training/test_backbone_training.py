@@ -234,6 +234,7 @@ class Killed(Exception):
     pass
 
 
+@pytest.mark.exact_arithmetic
 def test_resume_gives_identical_weights(tmp_path, monkeypatch):
     straight = loop.train_backbone(tiny_config(tmp_path / "straight"))
     real_step = loop.train_step

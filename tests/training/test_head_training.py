@@ -144,6 +144,7 @@ def test_zero_head_loss_is_kl_of_next_to_base(tiny_model):
     assert loss.item() > 0.01
 
 
+@pytest.mark.exact_arithmetic
 def test_lookahead_chains_and_averages(tiny_model):
     batch, noisy = packed_batch(seed=4)
     blocks, context = encode_batch(tiny_model, batch, noisy)
@@ -188,6 +189,7 @@ def test_overfit_one_batch_cuts_the_loss_by_90_percent(tiny_model):
     assert losses[-1] <= 0.1 * losses[0], f"{losses[0]:.4f} -> {losses[-1]:.4f}"
 
 
+@pytest.mark.exact_arithmetic
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
     batch, noisy = packed_batch(seed=2)
     blocks, context = encode_batch(tiny_model, batch, noisy)
@@ -258,6 +260,7 @@ class Killed(Exception):
     pass
 
 
+@pytest.mark.exact_arithmetic
 def test_resume_gives_identical_weights(model_dir, tmp_path, monkeypatch, caplog):
     straight = head_loop.train_head(run_config(model_dir, tmp_path / "straight"))
     real_step = head_loop.train_step
@@ -299,6 +302,7 @@ def ddp_worker(rank: int, world_size: int, port: int, config: HeadTrainConfig) -
     head_loop.train_head(config)
 
 
+@pytest.mark.exact_arithmetic
 def test_two_process_ddp_matches_one_process(model_dir, tmp_path):
     """Same global batch of 4 rows: 1 process with 4 rows vs 2 gloo processes with 2 each.
 
