@@ -1,8 +1,9 @@
 """Frozen configuration objects: one dataclass per concern, every default defined once.
 
 The CLI derives its flags and defaults from these classes; nothing below the CLI reads
-environment variables. `__post_init__` validates and raises `ValueError` with a message
-that names the offending field.
+environment variables of its own (`threads.py` only steps aside when the standard
+OMP_NUM_THREADS or MKL_NUM_THREADS is set). `__post_init__` validates and raises
+`ValueError` with a message that names the offending field.
 
 Deliberately not here: anything about checkpoint file formats (see `model/loading.py`).
 """

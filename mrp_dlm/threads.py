@@ -2,17 +2,18 @@
 
 Every matmul of a forward is a parallel region whose threads meet at a barrier at its end.
 When another process holds one of the cores, the thread scheduled there is preempted and
-the whole region waits for it: on the 2-core development machine with one busy process,
-a forward of the embedded model (1.8M parameters) took 5-50x longer with 2 threads than
-with 1, and even a 1.7B one 3.5x longer at 16 tokens per forward (docs/experiments.md,
-2026-11-30). Idle, a second thread gained at most 1.4x on the embedded model and up to
-1.7-1.8x from ~60M parameters at 64-320 tokens per forward. So the automatic rule is:
+the whole region waits for it. On the 2-core development machine with one busy process, a
+forward with 2 threads instead of 1 took up to 50x longer for models of up to a few
+million parameters (16x for the embedded model at 16 tokens) and 1.0-1.9x longer from 58M
+to 1.7B parameters; idle, a second thread gained 1.3-1.5x below 60M parameters and 1.6-1.9x
+above (docs/experiments.md, 2026-11-30). So the automatic rule is
 
     threads = clamp(parameters // PARAMS_PER_THREAD, 1, usable CPUs - 1)
 
-one thread per PARAMS_PER_THREAD parameters (the work that keeps a thread busy long
-enough to pay for its barrier), never every CPU (a laptop is never idle: the one left
-over absorbs the browser, the IDE or a test run), and at least one.
+one thread per PARAMS_PER_THREAD parameters (enough work per thread to pay for its
+barrier), never every CPU (a laptop is never idle: the CPU left over absorbs the browser,
+the IDE or a test run, so no thread of ours shares a core with it), and at least one. A
+2-core machine thus always uses one thread, giving up the idle gain of big models.
 
 Precedence: an explicit request (`mrp ... --threads N`, `Pipeline.load(threads=N)`) wins;
 else OMP_NUM_THREADS or MKL_NUM_THREADS, when set, are left in force (torch has applied

@@ -102,7 +102,7 @@ def full_logits(model, ids: torch.Tensor, block_size: int) -> torch.Tensor:
 @pytest.mark.exact_arithmetic
 @pytest.mark.parametrize("tied", [False, True])
 def test_block_size_one_equals_transformers_qwen3(make_model, tmp_path, tied):
-    from transformers import Qwen3ForCausalLM
+    transformers = pytest.importorskip("transformers", minversion="4.51")  # Qwen3 arrived in 4.51
 
     model = make_model(block_size=1, tie_word_embeddings=tied)
     save_backbone(model, tmp_path / "ours")
@@ -111,8 +111,9 @@ def test_block_size_one_equals_transformers_qwen3(make_model, tmp_path, tied):
     config = json.loads((qwen / "config.json").read_text())
     config.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"])
     (qwen / "config.json").write_text(json.dumps(config))
-    hf = Qwen3ForCausalLM.from_pretrained(qwen, dtype=torch.float32,
-                                          attn_implementation="eager").eval()
+    # float32 weights load as float32 in every version (4.x: `torch_dtype`, 5.x: `dtype`)
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(qwen, attn_implementation="eager").eval()
+    assert next(hf.parameters()).dtype == torch.float32
     assert hf.config.tie_word_embeddings == tied
 
     B, T = 13, 7
