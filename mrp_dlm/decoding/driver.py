@@ -33,7 +33,7 @@ import torch
 
 from mrp_dlm.config import BlockSchedule, DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
-from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Mode, Step
+from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Decoder, Step
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.cache import KVCache
 from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask
@@ -191,8 +191,8 @@ class BlockContext:
         self.pending = BackboneStep(hidden, self.model.logits(hidden))
 
 
-def decode_block(context: BlockContext, block: torch.Tensor, mode: Mode) -> torch.Tensor:
-    """Steps of `mode` until no active row of block (B, L) has a mask left; the final block.
+def decode_block(context: BlockContext, block: torch.Tensor, decoder: Decoder) -> torch.Tensor:
+    """Steps of `decoder` until no active row of block (B, L) has a mask left; the final block.
 
     Every step reveals at least one position of each row that has one, so L steps suffice.
     The backbone step on the block's state comes from the previous step when the mode ran
@@ -207,7 +207,7 @@ def decode_block(context: BlockContext, block: torch.Tensor, mode: Mode) -> torc
         if base is None:
             base = context.denoise(block)
         rows = BlockRows(tokens=block, eligible=eligible, positions=context.positions)
-        outcome: Advance = mode.step(context, Step(index, schedule.quota(index), rows, base))
+        outcome: Advance = decoder.step(context, Step(index, schedule.quota(index), rows, base))
         context.counters.add_commits(eligible & (outcome.tokens != block))
         block, base = outcome.tokens, outcome.base
     return block
@@ -269,19 +269,19 @@ def finished_rows(block: torch.Tensor, generated: torch.Tensor, end_slots: torch
 
 @torch.no_grad()
 def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
-             mode: Mode) -> DecodeResult:
-    """Decode a batch of token-id prompts block by block with `mode`'s steps."""
+             decoder: Decoder) -> DecodeResult:
+    """Decode a batch of token-id prompts block by block with `decoder`'s steps."""
     check_prompts(prompts, model, config)
     began = time.perf_counter()
     schedule = config.resolve(model.config)
     L, device = schedule.block_size, model.lm_head.weight.device
     layout = plan_layout([len(p) for p in prompts], L, config.max_new_tokens)
     tokens, positions, key_valid = build_buffers(prompts, layout, schedule.mask_token_id, device)
-    slots = layout.total_slots + (mode.copies - 1) * L
+    slots = layout.total_slots + (decoder.copies - 1) * L
     cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads,
                     -(-slots // SLOT_BUCKET) * SLOT_BUCKET, model.config.head_dim,
                     model.lm_head.weight.dtype, device)
-    counters = Counters.start(mode.copies, device)
+    counters = Counters.start(decoder.copies, device)
     if layout.prefix_slots:
         P = layout.prefix_slots
         mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])
@@ -303,7 +303,7 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         block = tokens[:, start:start + L].clone()  # (B, L)
         if finished is not None:
             context.store_and_denoise(finished, block)
-        finished = decode_block(context, block, mode)
+        finished = decode_block(context, block, decoder)
         tokens[:, start:start + L] = finished
         generated = torch.arange(start, start + L, device=device)[None] >= prompt_ends[:, None]
         active = active & ~finished_rows(finished, generated, end_slots, start + L, stop_ids)

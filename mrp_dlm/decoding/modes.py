@@ -6,7 +6,7 @@ from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.direct import DirectDecoder
 from mrp_dlm.decoding.remask import RemaskDecoder
 from mrp_dlm.decoding.speculative import SpeculativeDecoder
-from mrp_dlm.decoding.step import Mode
+from mrp_dlm.decoding.step import Decoder
 from mrp_dlm.decoding.strategies import StrategyDecoder
 from mrp_dlm.model.head import MRPHead
 
@@ -14,7 +14,7 @@ MRP_DECODERS = {"direct": DirectDecoder, "speculative": SpeculativeDecoder,
                 "remask": RemaskDecoder}
 
 
-def make_decoder(config: DecodeConfig, head: MRPHead | None = None) -> Mode:
+def make_decoder(config: DecodeConfig, head: MRPHead | None = None) -> Decoder:
     if config.mode not in MRP_MODES:
         return StrategyDecoder(config)
     if head is None:

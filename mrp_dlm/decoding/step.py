@@ -1,7 +1,7 @@
 """What one denoising step of a block sees and returns: the data the driver's step loop and
-every mode share, and the protocol a mode implements.
+every mode share, and the `Decoder` protocol a mode's decoder implements.
 
-A mode differs from another only in `Mode.step`: given the block, the positions it may
+A mode differs from another only in its decoder's `step`: given the block, the positions it may
 reveal and the backbone's logits and hidden states on the block (`base`), it returns the
 block after this step's reveals. Everything around the step (the loop, the one host check
 per step, the first backbone forward, counting the reveals) is the driver's.
@@ -58,7 +58,7 @@ class Advance:
     base: BackboneStep | None = None  # the backbone on `tokens`, if the step already ran it
 
 
-class Mode(Protocol):
+class Decoder(Protocol):
     copies: int  # most block copies one backbone forward holds (sizes the scratch slots)
 
     def step(self, context: "BlockContext", step: Step) -> Advance:
