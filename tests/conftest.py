@@ -39,20 +39,10 @@ torch.set_num_threads(1)
 LOGIT_NOISE = float(os.environ.get("MRP_TEST_LOGIT_NOISE", "0"))
 
 
-def install_logit_noise(relative: float) -> None:
-    generator = torch.Generator().manual_seed(12345)
-    exact = Backbone.logits
-
-    def noisy(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = exact(self, hidden)  # (B, T, V)
-        noise = torch.randn(logits.shape, generator=generator).to(logits.device)
-        return logits * (1 + relative * noise)
-
-    Backbone.logits = noisy
-
-
 if LOGIT_NOISE:
-    install_logit_noise(LOGIT_NOISE)
+    from margins import noisy
+
+    Backbone.logits = noisy(Backbone.logits, LOGIT_NOISE, torch.Generator().manual_seed(12345))
 
 
 def pytest_collection_modifyitems(config, items):

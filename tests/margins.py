@@ -26,18 +26,23 @@ RELATIVE = 1e-5  # relative noise of a perturbed decode (10x the suite's noise r
 RUNS = 2  # perturbed decodes a stable row must survive
 
 
+def noisy(logits_of: Callable[..., torch.Tensor], relative: float,
+          generator: torch.Generator) -> Callable[..., torch.Tensor]:
+    """`logits_of` returning its logits (B, T, V) * (1 + relative * N(0, 1)), the noise
+    drawn from `generator`."""
+    def perturbed(*args: torch.Tensor) -> torch.Tensor:
+        logits = logits_of(*args)  # (B, T, V)
+        noise = torch.randn(logits.shape, generator=generator, device=generator.device)
+        return logits * (1 + relative * noise.to(logits.device))
+
+    return perturbed
+
+
 @contextmanager
 def perturbed_logits(model: Backbone, relative: float, seed: int) -> Iterator[None]:
     """Within the block, model.logits returns logits * (1 + relative * N(0, 1)), seeded."""
     generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed)
-    exact = model.logits
-
-    def noisy(hidden: torch.Tensor) -> torch.Tensor:
-        logits = exact(hidden)  # (B, T, V)
-        noise = torch.randn(logits.shape, generator=generator, device=logits.device)
-        return logits * (1 + relative * noise)
-
-    model.logits = noisy
+    model.logits = noisy(model.logits, relative, generator)
     try:
         yield
     finally:

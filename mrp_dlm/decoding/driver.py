@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
 import torch
 
 from mrp_dlm.config import BlockSchedule, DecodeConfig

@@ -2,8 +2,9 @@
 
 Pure functions on (B, L) tensors (`static_pick` proposes from logits first). Only
 `eligible` positions (masked, in an active row) compete; a rule never commits more than
-remain and never touches another position. Ties go to the lower position. Every rule commits at least one position of a row that has an
-eligible one (the progress guarantee), except where noted.
+remain and never touches another position. Ties go to the lower position. Every rule
+commits at least one position of a row that has an eligible one (the progress guarantee),
+except where noted.
 
 Shapes: B batch, L block positions, V vocab.
 """
@@ -34,7 +35,7 @@ def select_static(confidence: torch.Tensor, eligible: torch.Tensor, quota: int) 
 def static_pick(logits: torch.Tensor, eligible: torch.Tensor, mask_token_id: int,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The greedy static rule's one-token pick on logits (B, L, V): (commit (B, L) bool,
-    tokens (B, L)). What speculative drafts and verifies, and direct's head steps commit."""
+    tokens (B, L)). What speculative decoding drafts and verifies."""
     proposal = propose(logits, mask_token_id, GREEDY, positions, 0)
     return select_static(proposal.confidence, eligible, 1), proposal.tokens
 

@@ -15,7 +15,7 @@ from conftest import random_backbone, random_head, tiny_config
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
-from reference import reference_decode, robust_cases
+from reference import reference_decode, robust_case
 from reference_mrp import reference_mrp_generate
 
 pytestmark = pytest.mark.slow
@@ -54,8 +54,7 @@ def decode_all(model, head, prompts):
 def test_compiled_equals_eager():
     model = random_backbone(tiny_config(), seed=2)
     head = random_head(model, 2, norm=0.3)
-    prompts = [robust_cases((prompt_of(n, i + 100 * j) for j in range(8)),
-                            lambda p: Worst(model, head, p), 1)[0][0]
+    prompts = [robust_case(prompt_of, n, i, lambda p: Worst(model, head, p))[0]
                for i, n in enumerate(LENGTHS)]
     with torch.no_grad():
         eager = decode_all(model, head, prompts)

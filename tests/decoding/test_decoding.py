@@ -16,7 +16,7 @@ from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.sampling import truncate
 from mrp_dlm.decoding.strategies import StrategyDecoder
 from mrp_dlm.model.loading import CheckpointError, load_backbone
-from reference import even_quotas, reference_decode, reference_generate, robust_cases, truncated
+from reference import even_quotas, reference_decode, reference_generate, robust_case, truncated
 
 MODES = ("static", "dynamic", "sequential", "entropy")
 # Thresholds that make the rules do more than one thing on the tiny model (median
@@ -42,15 +42,12 @@ def decode(model, prompts, config):
     return generate(model, prompts, config, StrategyDecoder(config))
 
 
-CANDIDATES = 8  # prompts drawn per case; those with a near-tie decision are skipped
-
-
 def robust_prompts(model, config, lengths, seed: int = 0) -> list[tuple[list[int], object]]:
     """Per length, the first prompt (seeds seed + length, then + 100, + 200 ...) whose
     reference decode under config has no decision within float noise of flipping, with
     that decode."""
-    return [robust_cases((prompt_of(n, seed + n + 100 * i) for i in range(CANDIDATES)),
-                         lambda prompt: reference_decode(model, prompt, config), 1)[0]
+    return [robust_case(prompt_of, n, seed + n,
+                        lambda prompt: reference_decode(model, prompt, config))
             for n in lengths]
 
 
@@ -143,8 +140,8 @@ def test_stop_id_in_the_prompt_tail_does_not_end_generation(tiny_model):
     # The stop check must skip the prompt's own tail in the first decode block: a chat
     # prompt's `<|im_end|>` of the user turn often sits there with block 16.
     config = DecodeConfig(max_new_tokens=12)
-    (prompt, decoded), = robust_cases((prompt_of(4, 3 + 100 * i) + [97, 5] for i in range(CANDIDATES)),
-                                      lambda p: reference_decode(tiny_model, p, config), 1)
+    prompt, decoded = robust_case(lambda n, seed: prompt_of(n, seed) + [97, 5], 4, 3,
+                                  lambda p: reference_decode(tiny_model, p, config))
     expected = decoded.token_ids  # stop id 97 sits in the tail of the prompt (block 4)
     assert len(expected) > 2, "the reference generates past the first decode block"
     got = decode(tiny_model, [prompt], config).token_ids[0]

@@ -30,7 +30,7 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head, save_head
 from mrp_dlm.model.loading import CheckpointError
-from reference import reference_decode, reference_generate, robust_cases
+from reference import reference_decode, reference_generate, robust_case
 from reference_mrp import reference_mrp_generate
 
 LENGTHS = (3, 8, 5, 12, 1, 9, 17, 20)  # batch prompts: partial blocks, whole blocks, prefill at L=16
@@ -70,7 +70,6 @@ def prompt_of(length: int, seed: int) -> list[int]:
 
 
 PROMPTS = [prompt_of(n, i) for i, n in enumerate(LENGTHS)]
-CANDIDATES = 8  # prompts drawn per case; those with a near-tie decision are skipped
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,8 +79,7 @@ def robust_batch(seed: int, block_size: int, damped: bool,
     reference under config (a backbone-only mode), has no decision within float noise of
     flipping on this backbone."""
     model = backbone(seed, block_size, damped)
-    return [robust_cases((prompt_of(n, i + 100 * j) for j in range(CANDIDATES)),
-                         lambda prompt: reference_decode(model, prompt, config), 1)[0][0]
+    return [robust_case(prompt_of, n, i, lambda prompt: reference_decode(model, prompt, config))[0]
             for i, n in enumerate(LENGTHS)]
 
 
@@ -255,8 +253,8 @@ def test_zero_head_remask_equals_dynamic(rule, block_size, steps, threshold, sam
 def check_reference(model, head, config, lengths=(8, 6)):
     """Library (batch 1) == reference, per length on the first prompt whose reference decode
     has no decision within float noise of flipping; returns (prompt, trace) pairs."""
-    cases = [robust_cases((prompt_of(n, 40 + n + 100 * i) for i in range(CANDIDATES)),
-                          lambda prompt: reference_mrp_generate(model, head, prompt, config), 1)[0]
+    cases = [robust_case(prompt_of, n, 40 + n,
+                         lambda prompt: reference_mrp_generate(model, head, prompt, config))
              for n in lengths]
     for prompt, trace in cases:
         result = decode(model, [prompt], config, head)

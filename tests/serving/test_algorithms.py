@@ -14,7 +14,7 @@ a fake model runner (see `fake_engine.py`).
   sampling requests, and at launch tensor parallelism > 1, --no-dllm-fdfo, no YAML.
 
 Every exactness case is a batch whose rows the slow reference decodes with no decision
-within float noise of flipping (`reference.robust_cases`), drawn per backbone and mode.
+within float noise of flipping (`reference.robust_case`), drawn per backbone and mode.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from mrp_dlm.serving.direct import MrpDirect  # noqa: E402
 from mrp_dlm.serving.head_host import (EmbeddingView, HeadHost, LinearView,  # noqa: E402
                                        load_host_head)
 from mrp_dlm.serving.speculative import MrpSpeculative  # noqa: E402
-from reference import reference_decode, robust_cases  # noqa: E402
+from reference import reference_decode, robust_case  # noqa: E402
 from reference_mrp import reference_mrp_generate  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -71,9 +71,6 @@ def prompt_of(length: int, seed: int) -> list[int]:
     return torch.randint(0, 97, (length,), generator=generator).tolist()
 
 
-CANDIDATES = 8  # prompts drawn per row; those with a near-tie decision are skipped
-
-
 def robust_prompts(model, config: DecodeConfig, head: MRPHead | None = None) -> list[list[int]]:
     """One prompt per LENGTHS whose reference decode under config (an MRP mode with `head`)
     has every decision margin >= reference.MARGIN."""
@@ -82,8 +79,7 @@ def robust_prompts(model, config: DecodeConfig, head: MRPHead | None = None) -> 
             return reference_decode(model, prompt, config)
         return reference_mrp_generate(model, head, prompt, config)
 
-    return [robust_cases((prompt_of(n, i + 100 * j) for j in range(CANDIDATES)), decode, 1)[0][0]
-            for i, n in enumerate(LENGTHS)]
+    return [robust_case(prompt_of, n, i, decode)[0] for i, n in enumerate(LENGTHS)]
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,7 +28,7 @@ from mrp_dlm.model.loading import load_backbone  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
 from mrp_dlm.model.head_loading import save_head  # noqa: E402
 from mrp_dlm.model.loading import save_backbone  # noqa: E402
-from reference import reference_decode, robust_cases  # noqa: E402
+from reference import reference_decode, robust_case  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]  # an SGLang engine start: 30-70 s
 
@@ -39,9 +39,6 @@ MAX_NEW = 14
 def prompt_of(length: int, seed: int) -> list[int]:
     generator = torch.Generator().manual_seed(4000 + seed)
     return torch.randint(0, 97, (length,), generator=generator).tolist()
-
-
-CANDIDATES = 8  # prompts drawn per length; those with a near-tie decision are skipped
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,10 +52,9 @@ def damped_backbone():
 
 # One prompt per length whose static reference decode has no decision within float noise of
 # flipping (the engine computes the same logits with other kernels).
-PROMPTS = [robust_cases((prompt_of(n, i + 100 * j) for j in range(CANDIDATES)),
-                        lambda prompt: reference_decode(damped_backbone(), prompt,
-                                                        DecodeConfig(max_new_tokens=MAX_NEW)),
-                        1)[0][0]
+PROMPTS = [robust_case(prompt_of, n, i,
+                       lambda prompt: reference_decode(damped_backbone(), prompt,
+                                                       DecodeConfig(max_new_tokens=MAX_NEW)))[0]
            for i, n in enumerate(LENGTHS)]
 
 
