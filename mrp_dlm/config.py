@@ -72,10 +72,10 @@ class BackboneConfig:
 class DecodeConfig:
     """How to decode: the strategy, its block schedule, sampling and stopping."""
 
-    mode: str = "static"  # decoding method: static, dynamic, sequential, entropy, direct, speculative, remask
+    mode: str = "static"  # decoding method: static, dynamic, sequential, entropy, direct, speculative (lossless: equals dynamic at --threshold, static at 1.0), remask
     block_size: int | None = None  # tokens per block; None means the model's
     steps: int | None = None  # denoising steps per block; None means block_size
-    threshold: float = 0.9  # dynamic: commit every masked position with confidence > threshold
+    threshold: float = 0.9  # dynamic, and the rule speculative reproduces: commit every masked position with confidence > threshold, else the most confident (1.0: static, one per step)
     entropy_bound: float = 0.5  # entropy: summed entropy (nats) of one step's commits stays <= this
     max_new_tokens: int = 128  # generated tokens per prompt (before stop trimming)
     temperature: float = 0.0  # 0 is greedy; > 0 samples
@@ -98,8 +98,9 @@ class DecodeConfig:
         if self.remask_delta <= 0:
             raise ValueError(f"remask_delta must be > 0, got {self.remask_delta}")
         if self.mode == "speculative" and self.temperature > 0:
-            raise ValueError("speculative decoding reproduces greedy static decoding; "
-                             "it cannot sample (use temperature 0)")
+            raise ValueError("speculative decoding reproduces greedy threshold decoding "
+                             "(dynamic at --threshold; 1.0 is static); it cannot sample "
+                             "(use temperature 0)")
 
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
@@ -136,8 +137,9 @@ class DecodeConfig:
             raise ValueError(f"steps ({steps}) cannot exceed block_size ({block_size})")
         self.check_lookahead(block_size)
         if self.mode == "speculative" and steps != block_size:
-            raise ValueError("speculative decoding verifies the one-token-per-step static "
-                             f"decode; steps must equal block_size ({block_size}) or be unset")
+            raise ValueError("speculative decoding verifies one threshold step per forward "
+                             f"(at least one token); steps must equal block_size ({block_size}) "
+                             "or be unset")
         stops = model.stop_token_ids if self.stop_token_ids is None else self.stop_token_ids
         for token in stops:
             if not 0 <= token < model.vocab_size:

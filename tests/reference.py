@@ -194,7 +194,9 @@ def above_threshold(threshold: float, masked: list[int], confidence: list[float]
     """The dynamic rule (all above threshold, else the top `quota`) and its margin."""
     quota = min(quota, len(masked))
     above = [j for j in masked if confidence[j] > threshold]
-    margin = min((abs(confidence[j] - threshold) for j in masked), default=math.inf)
+    # No probability exceeds 1.0: at threshold 1.0 no confidence is near a decision.
+    margin = min((abs(confidence[j] - threshold) for j in masked if threshold < 1.0),
+                 default=math.inf)
     if len(above) >= quota:
         return above, margin
     ranked = by_score(masked, confidence, True)

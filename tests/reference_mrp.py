@@ -12,11 +12,13 @@ Semantics (MRP_BRIEF §2, §4):
   K head steps; step k commits the single most confident remaining masked position of
   A + sum C (the head sees the block after every commit so far; h_in is h_A + sum h_C).
   Sampling draw index of step s, head step k: s * (K + 1) + k.
-- speculative (naive, greedy only): each round runs the backbone on the current state,
-  drafts S_1 (the backbone's own static one-token pick) and S_2..S_{K+1} (K chained head
-  steps, each a static one-token pick on A + sum C), then checks every draft by running the
-  full backbone on each candidate state S_j separately: draft j+1 stands while the
-  backbone's own pick on S_j gives S_{j+1}. The block becomes the last accepted state.
+- speculative (naive, greedy only): the rule is the threshold step with quota 1 (every
+  masked position above threshold, else the most confident; threshold 1.0: static, one
+  token). Each round runs the backbone on the current state, drafts S_1 (the backbone's
+  own step) and S_2..S_{K+1} (chained head steps, each the rule's step on A + sum C; none
+  after a state without masks), then checks every draft by running the full backbone on
+  each candidate state S_j separately: draft j+1 stands while the backbone's own step on
+  S_j gives S_{j+1}. The block becomes the last accepted state.
 - remask, confidence rule: dynamic proposal (every masked position above threshold, the
   top n_s when fewer qualify); the head runs once on the block with those fresh reveals
   (h_in = h_A); a reveal that was above threshold and whose probability under A + C is
@@ -52,6 +54,7 @@ class Trace:
     token_ids: list[int] = field(default_factory=list)  # generated ids, trimmed
     blocks: int = 0  # decode blocks run
     steps: int = 0  # direct / remask: backbone steps; speculative: draft/verify rounds
+    verifies: int = 0  # speculative: rounds whose candidates needed a verify forward
     head_calls: int = 0  # head forwards
     histogram: list[int] = field(default_factory=list)  # speculative rounds by head drafts accepted
     revoked: int = 0  # remask: proposals sent back to mask (confidence) or vetoed (delta)
@@ -91,18 +94,19 @@ def probability(logits: torch.Tensor, token: int, mask_token_id: int,
     return torch.softmax(logits / temperature, dim=0)[token].item()
 
 
-def static_pick(logits: torch.Tensor, block: list[int], mask_token_id: int,
-                trace: Trace) -> list[int] | None:
-    """The block after the greedy static rule's one-token pick; None if nothing is masked."""
+def threshold_step(logits: torch.Tensor, block: list[int], mask_token_id: int, threshold: float,
+                   trace: Trace) -> list[int] | None:
+    """The block after one greedy step of the threshold rule with quota 1 (every masked
+    position above threshold, else the most confident; 1.0: the static one-token pick);
+    None if nothing is masked."""
     masked = [j for j in range(len(block)) if block[j] == mask_token_id]
     if not masked:
         return None
     picks = {j: choose(logits[j], mask_token_id, GREEDY, 0, 0) for j in masked}
     confidence = {j: picks[j].confidence for j in masked}
-    ranked = by_score(masked, confidence, True)
-    best = ranked[0]
-    trace.add_margin(min(rank_gap(ranked, confidence, 1), picks[best].margin))
-    return [picks[best].token if j == best else t for j, t in enumerate(block)]
+    chosen, margin = above_threshold(threshold, masked, confidence, 1)
+    trace.add_margin(min([margin] + [picks[j].margin for j in chosen]))
+    return [picks[j].token if j in chosen else t for j, t in enumerate(block)]
 
 
 def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
@@ -140,34 +144,34 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
                       config: DecodeConfig, block_size: int, steps: int, mask_token_id: int,
                       trace: Trace) -> None:
     assert config.temperature == 0 and steps == block_size
-    K = config.lookahead
+    K, threshold = config.lookahead, config.threshold
     while mask_token_id in sequence[start:start + block_size]:
         current = sequence[start:start + block_size]
         hidden, logits = block_state(model, sequence, start, block_size)
-        # Draft: S_1 from the backbone, S_2 .. S_{K+1} from K chained head steps.
-        drafts: list[list[int] | None] = []
+        # Draft: S_1 from the backbone, then chained head steps while masks remain.
+        drafts: list[list[int]] = []
         state, accumulator = current, hidden
         for index in range(K + 1):
-            picked = static_pick(logits, state, mask_token_id, trace)
-            drafts.append(picked)
-            state = picked if picked is not None else state
-            if index < K:
-                accumulator = accumulator + head_residual(model, head, state, accumulator, start)
-                trace.head_calls += 1
-                logits = exact_logits(model, accumulator[None])[0]
-        # Verify: the full backbone on each candidate state separately.
-        accepted = 1  # S_1 is the backbone's own pick
-        for j in range(1, K + 1):
-            if drafts[j] is None:
+            state = threshold_step(logits, state, mask_token_id, threshold, trace)
+            drafts.append(state)
+            if mask_token_id not in state or index == K:
                 break
+            accumulator = accumulator + head_residual(model, head, state, accumulator, start)
+            trace.head_calls += 1
+            logits = exact_logits(model, accumulator[None])[0]
+        # Verify: the full backbone on each candidate state separately.
+        accepted = 1  # S_1 is the backbone's own step
+        for j in range(1, len(drafts)):
             candidate = sequence[:start] + drafts[j - 1] + sequence[start + block_size:]
             _, check = block_state(model, candidate, start, block_size)
-            if static_pick(check, drafts[j - 1], mask_token_id, trace) != drafts[j]:
+            if threshold_step(check, drafts[j - 1], mask_token_id, threshold, trace) != drafts[j]:
                 break
             accepted += 1
         sequence[start:start + block_size] = drafts[accepted - 1]
         trace.histogram[accepted - 1] += 1
         trace.steps += 1
+        # The library's verify forward holds S_1 .. S_m, less a last one without masks.
+        trace.verifies += len(drafts) - (mask_token_id not in drafts[-1]) > 0
 
 
 def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,

@@ -46,12 +46,14 @@ def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     assert all(row["n"] == 2 for row in report)
     lines = out.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("task")))
-    assert lines[header].split()[-5:] == ["tokens/s", "speedup", "vs", "static", "lossless"]
-    table = {tuple(line.split()[:2]): line.split() for line in lines[header + 1:header + 11]}
-    assert table["arith", "static"][-2:] == ["1.00x", "reference"]
-    assert table["arith", "speculative"][-1] == "yes" and table["arith", "direct"][-1] == "no"
-    assert lines[header + 11].startswith("accuracy: share of 2 held-out problems per task")
-    for bar in ("warm-up arith", "arith static", "arith-code speculative:3"):
+    assert lines[header].split()[-8:] == ["tokens/s", "speedup", "vs", "static", "must", "equal",
+                                          "same", "lossless"]
+    table = {tuple(line.split()[:3]): line.split() for line in lines[header + 1:header + 13]}
+    assert table["arith", "static", "-"][-4:] == ["1.00x", "-", "-", "reference"]
+    assert table["arith", "speculative", "lookahead=3"][-3:] == ["dynamic:0.9", "2/2", "yes"]
+    assert table["arith", "direct", "lookahead=1"][-1] == "no"
+    assert lines[header + 13].startswith("accuracy: share of 2 held-out problems per task")
+    for bar in ("warm-up arith", "arith static", "arith-code speculative:3@0.9"):
         assert bar in err  # progress per task and mode
 
 
@@ -83,13 +85,17 @@ def test_eval_writes_and_resumes(saved_model_and_head, tmp_path, capsys):
 def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsys):
     model_dir, head_dir = saved_model_and_head
     code, out, err = run_cli(capsys, "bench", "--task", "arith-code", "--model", str(model_dir),
-                             "--head", str(head_dir), "--grid", "speculative:2,dynamic:0.5",
+                             "--head", str(head_dir), "--grid", "speculative:2@0.5,dynamic:0.5",
                              "--limit", "2", "--max-new-tokens", "6", "--out", str(tmp_path))
     assert code == 0, err
-    assert "| arith-code | speculative:2 |" in out
-    assert "warm-up arith-code" in err and "arith-code speculative:2" in err  # progress
+    assert "| arith-code | speculative:2@0.5 |" in out
+    assert "warm-up arith-code" in err and "arith-code speculative:2@0.5" in err  # progress
     report = json.loads(out.strip().splitlines()[-1])
-    assert [row["label"] for row in report["rows"]] == ["static", "speculative:2", "dynamic:0.5"]
+    assert [row["label"] for row in report["rows"]] == ["static", "speculative:2@0.5",
+                                                        "dynamic:0.5"]
+    spec = report["rows"][1]
+    assert (spec["reproduces"], spec["identical_to_rule"], spec["differing_from_rule"]) == \
+        ("dynamic:0.5", 1.0, 0)
     assert report["config"]["head"] == str(head_dir.resolve())
     for name in ("bench.json", "bench.md", "accuracy_vs_speedup.png",
                  "accuracy_vs_tokens_per_forward.png"):
@@ -133,7 +139,7 @@ LOOKAHEAD_BEYOND_BLOCK = {  # the tiny model's blocks hold 4 tokens
     "eval": (["eval", "--task", "arith", "--mode", "speculative", "--lookahead", "5"],
              "lookahead (5) cannot exceed block_size (4)"),
     "bench": (["bench", "--task", "arith", "--grid", "speculative:5"],
-              "grid entry 'speculative:5': lookahead (5) cannot exceed block_size (4)"),
+              "grid entry 'speculative:5@0.9': lookahead (5) cannot exceed block_size (4)"),
     "bench, block size given": (
         ["bench", "--task", "arith", "--grid", "direct:9", "--block-size", "4"],
         "grid entry 'direct:9': lookahead (9) cannot exceed block_size (4)"),

@@ -1,6 +1,6 @@
 """Commit rules: which masked positions of a block take their proposed token this step.
 
-Pure functions on (B, L) tensors (`static_pick` proposes from logits first). Only
+Pure functions on (B, L) tensors (`threshold_pick` proposes from logits first). Only
 `eligible` positions (masked, in an active row) compete; a rule never commits more than
 remain and never touches another position. Ties go to the lower position. Every rule
 commits at least one position of a row that has an eligible one (the progress guarantee),
@@ -32,12 +32,14 @@ def select_static(confidence: torch.Tensor, eligible: torch.Tensor, quota: int) 
     return eligible & (rank_positions(confidence, eligible) < quota)
 
 
-def static_pick(logits: torch.Tensor, eligible: torch.Tensor, mask_token_id: int,
-                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The greedy static rule's one-token pick on logits (B, L, V): (commit (B, L) bool,
-    tokens (B, L)). What speculative decoding drafts and verifies."""
+def threshold_pick(logits: torch.Tensor, eligible: torch.Tensor, mask_token_id: int,
+                   positions: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One greedy step of the dynamic rule with quota 1 on logits (B, L, V): (commit (B, L)
+    bool, tokens (B, L)). Every eligible position whose confidence exceeds `threshold`, else
+    the most confident one; at threshold 1.0 no confidence exceeds it, so this is the static
+    rule's one-token pick. What speculative decoding drafts and verifies."""
     proposal = propose(logits, mask_token_id, GREEDY, positions, 0)
-    return select_static(proposal.confidence, eligible, 1), proposal.tokens
+    return select_dynamic(proposal.confidence, eligible, 1, threshold), proposal.tokens
 
 
 def select_dynamic(confidence: torch.Tensor, eligible: torch.Tensor, quota: int,

@@ -1,23 +1,31 @@
 """Speculative MRP decoding (lossless): the head drafts, the backbone verifies.
 
+The rule it reproduces is greedy threshold decoding, one step per forward
+(`--mode dynamic --threshold τ`): a step commits every masked position whose confidence
+exceeds τ, else the most confident one (`selection.threshold_pick`). At τ = 1.0 no
+confidence exceeds it, so the rule is static decoding with one token per step.
+
 Each round (one step of the driver's loop), from the backbone's logits on the current
 block state S_0 (the seed):
-- draft: draft 1 is the backbone's own static pick on S_0 (its most confident masked
-  position and argmax token); drafts 2..K+1 come from K head steps, each on the state
-  after the drafts so far. This gives candidate states S_1 .. S_{K+1}.
-- verify: one backbone forward over all K+1 candidate states side by side (each sees the
-  cached prefix and itself only).
-- accept: draft j+1 stands while the backbone's own pick on S_j equals it (same position,
-  same token). Every row advances by its own acceptance; no row waits for another.
+- draft: draft 1 is the backbone's own step on S_0; drafts 2..K+1 come from K head steps,
+  each the rule's step on A + sum C after the drafts so far. This gives candidate states
+  S_1 .. S_m; drafting stops early (m < K + 1) once no row has a masked position left.
+- verify: one backbone forward over the candidates S_1 .. S_v side by side (each sees the
+  cached prefix and itself only). A last candidate without masks in any row is not
+  verified (v = m - 1): its check could only seed a round that never comes. When draft 1
+  itself finishes every row's block (v = 0) there is no verify forward at all.
+- accept: draft j+1 stands while the backbone's own step on S_j equals it (same
+  positions, same tokens). Every row advances by its own acceptance; no row waits for
+  another.
 - commit: the block becomes the last accepted state S_n, and the verify slice of S_n seeds
-  the next round, so its first draft is the backbone's free bonus pick (no extra forward).
+  the next round, so its first draft is the backbone's free bonus step (no extra forward).
 
-Every committed token is the backbone's own greedy static pick on the state it was picked
-from, so the output equals static decoding with one token per step, token for token (up
-to float rounding: the pick is computed on verify logits, see README); a bad head only
-lowers acceptance.
+Every committed state is the backbone's own step on the state before it, so the output
+equals the rule's decode token for token (up to float rounding: the step is computed on
+verify logits, see README); a bad head only lowers acceptance.
 
-Shapes: B batch, L block size, H hidden, V vocab, K lookahead, M = K + 1 candidates.
+Shapes: B batch, L block size, H hidden, V vocab, K lookahead, m <= K + 1 drafts,
+v <= m verified candidates.
 """
 
 from __future__ import annotations
@@ -28,68 +36,86 @@ import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
-from mrp_dlm.decoding.selection import static_pick
+from mrp_dlm.decoding.selection import threshold_pick
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
 
 @dataclass(frozen=True)
 class Drafts:
-    states: torch.Tensor  # (B, M, L) candidate block states S_1 .. S_M
-    valid: torch.Tensor  # (B, M) bool, the draft revealed a position
+    states: torch.Tensor  # (B, m, L) candidate block states S_1 .. S_m
+    valid: torch.Tensor  # (B, m) bool, the draft revealed a position
+    finished: bool  # no row has a masked position left in S_m
+
+    @property
+    def verified(self) -> int:
+        """v: the candidates a verify forward must hold (S_m only if some row goes on)."""
+        return self.states.shape[1] - self.finished
 
 
 def draft(head: MRPHead, backbone: HeadBackbone, seed: BackboneStep, rows: BlockRows,
-          copies: int) -> Drafts:
-    """Draft 1: the static pick on the seed logits; drafts 2..M: chained head steps.
+          copies: int, threshold: float) -> Drafts:
+    """Draft 1: the rule's step on the seed logits; drafts 2..: chained head steps, at most
+    `copies` drafts in all, and none once no row has a masked position left.
 
-    seed: the backbone on rows.tokens; runs copies - 1 head steps.
+    seed: the backbone on rows.tokens; runs m - 1 head steps (one host check per draft).
     """
     mask_token_id = backbone.config.mask_token_id
     logits, accumulator, state, eligible = seed.logits, seed.hidden, rows.tokens, rows.eligible
     states, valid = [], []
     for index in range(copies):
-        commit, tokens = static_pick(logits, eligible, mask_token_id, rows.positions)  # (B, L)
+        commit, tokens = threshold_pick(logits, eligible, mask_token_id, rows.positions,
+                                        threshold)  # (B, L)
         state = torch.where(commit, tokens, state)  # (B, L)
         states.append(state)
         valid.append(commit.any(dim=1))
         eligible = eligible & ~commit
-        if index + 1 < copies:
-            accumulator = head.advance(backbone, state, accumulator, rows.positions)  # (B, L, H)
-            logits = backbone.logits(accumulator)  # (B, L, V): A + sum C
-    return Drafts(states=torch.stack(states, dim=1), valid=torch.stack(valid, dim=1))
+        finished = not bool(eligible.any())
+        if finished or index + 1 == copies:
+            break
+        accumulator = head.advance(backbone, state, accumulator, rows.positions)  # (B, L, H)
+        logits = backbone.logits(accumulator)  # (B, L, V): A + sum C
+    return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished)
 
 
 def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_token_id: int,
-           positions: torch.Tensor) -> torch.Tensor:
+           positions: torch.Tensor, threshold: float) -> torch.Tensor:
     """Drafts accepted per row (B,): 1 + the leading head drafts the backbone agrees with.
 
-    logits: (B, M, L, V) backbone logits of the verify states S_1 .. S_M; frozen: (B, L)
-    bool positions the static rule never reveals (prompt, finished rows). Draft j + 1
-    stands while the backbone's own static pick on S_j reveals the same position with the
-    same token.
+    logits: (B, v, L, V) backbone logits of the verify states S_1 .. S_v, v >= m - 1;
+    frozen: (B, L) bool positions the rule never reveals (prompt, finished rows). Draft
+    j + 1 stands while the backbone's own step on S_j reveals the same positions with the
+    same tokens.
     """
     B, M, L = drafts.states.shape
-    states = drafts.states[:, :-1].reshape(B * (M - 1), L)  # S_1 .. S_K as rows
-    rows_logits = logits[:, :-1].reshape(B * (M - 1), L, -1)  # (B*K, L, V)
-    eligible = (states == mask_token_id) & ~frozen.repeat_interleave(M - 1, dim=0)  # (B*K, L)
-    commit, tokens = static_pick(rows_logits, eligible, mask_token_id,
-                                 positions.repeat_interleave(M - 1, dim=0))
-    backbone_next = torch.where(commit, tokens, states).view(B, M - 1, L)  # its S_{j+1}
+    K = M - 1
+    if K == 0:
+        return drafts.valid[:, 0].long()
+    states = drafts.states[:, :-1].reshape(B * K, L)  # S_1 .. S_K as rows
+    rows_logits = logits[:, :K].reshape(B * K, L, -1)  # (B*K, L, V)
+    eligible = (states == mask_token_id) & ~frozen.repeat_interleave(K, dim=0)  # (B*K, L)
+    commit, tokens = threshold_pick(rows_logits, eligible, mask_token_id,
+                                    positions.repeat_interleave(K, dim=0), threshold)
+    backbone_next = torch.where(commit, tokens, states).view(B, K, L)  # its S_{j+1}
     agree = (backbone_next == drafts.states[:, 1:]).all(dim=2) & drafts.valid[:, 1:]  # (B, K)
     return drafts.valid[:, 0].long() * (1 + agree.long().cumprod(dim=1).sum(dim=1))
 
 
 def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
                   block: torch.Tensor, seed: BackboneStep) -> Advance:
-    """The last accepted state S_n and its verify slice as the next seed (n = 0 keeps all)."""
+    """The last accepted state S_n and its verify slice as the next seed (n = 0 keeps all).
+
+    A row whose S_n was not verified (n = m > v) has no mask left: its seed is never used.
+    """
     B, M, L = drafts.states.shape
+    v = drafts.verified
     index = (accepted - 1).clamp_min(0)  # (B,)
     moved = (accepted > 0)[:, None]  # (B, 1)
     rows = torch.arange(B, device=block.device)
     tokens = torch.where(moved, drafts.states[rows, index], block)  # (B, L)
-    hidden = check.hidden.view(B, M, L, -1)[rows, index]  # (B, L, H)
-    logits = check.logits.view(B, M, L, -1)[rows, index]  # (B, L, V)
+    checked = index.clamp_max(v - 1)  # (B,)
+    hidden = check.hidden.view(B, v, L, -1)[rows, checked]  # (B, L, H)
+    logits = check.logits.view(B, v, L, -1)[rows, checked]  # (B, L, V)
     return Advance(tokens, BackboneStep(torch.where(moved[..., None], hidden, seed.hidden),
                                         torch.where(moved[..., None], logits, seed.logits)))
 
@@ -100,13 +126,18 @@ class SpeculativeDecoder:
         self.copies = config.lookahead + 1
 
     def step(self, context: BlockContext, step: Step) -> Advance:
-        rows, M = step.rows, self.copies
+        rows, threshold = step.rows, self.config.threshold
         B, L = rows.tokens.shape
-        drafts = draft(self.head, context.model, step.base, rows, M)
-        context.counters.add_head_steps(M - 1)
-        check = context.verify(drafts.states.view(B, M * L))
+        drafts = draft(self.head, context.model, step.base, rows, self.copies, threshold)
+        context.counters.add_head_steps(drafts.states.shape[1] - 1)
+        v = drafts.verified
+        if v == 0:  # draft 1, the backbone's own step, finished every row's block
+            context.counters.add_rounds(torch.zeros_like(drafts.valid[:, 0], dtype=torch.long),
+                                        drafts.valid[:, 0])
+            return Advance(drafts.states[:, 0])
+        check = context.verify(drafts.states[:, :v].reshape(B, v * L))
         frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
-        accepted = accept(drafts, check.logits.view(B, M, L, -1), frozen,
-                          context.schedule.mask_token_id, rows.positions)  # (B,)
+        accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
+                          context.schedule.mask_token_id, rows.positions, threshold)  # (B,)
         context.counters.add_rounds((accepted - 1).clamp_min(0), drafts.valid[:, 0])
         return take_accepted(drafts, check, accepted, rows.tokens, step.base)

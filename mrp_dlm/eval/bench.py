@@ -7,8 +7,13 @@ then decodes the problems of each task with every config, static first. A row re
 - tokens/s (decode wall time, grading excluded) and the speedup: tokens/s over the static
   tokens/s measured in the same run on the same problems;
 - drafts accepted per speculative round;
+- for a lossless mode, the rule it must equal (`grid.rule_of`: static, or dynamic at the
+  speculative threshold), the share of problems on which it did and the count that
+  differ, its speed over the rule's (tokens/s ratio, same run) and the cost of one of its
+  forwards (head steps included) in the rule's forwards (seconds per backbone forward over
+  the rule's), so that speed over the rule = (tokens per forward ratio) / (forward cost);
 - identical-to-static: the fraction of problems whose generated ids equal static's, and
-  whether the mode is lossless by construction (static, speculative: their rate must be 1).
+  whether the mode is lossless by construction (its rate against its rule must be 1).
 Wall-clock speedups are judged at batch 1 (`BENCH_BATCH_SIZE`).
 
 Deliberately not here: grid spec parsing (see `grid.py`), drawing (`plots.py`), printing.
@@ -27,7 +32,7 @@ from tqdm import tqdm
 from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import plots, provenance, store
-from mrp_dlm.eval.grid import LOSSLESS_MODES, grid_label, setting_of
+from mrp_dlm.eval.grid import LOSSLESS_MODES, grid_label, rule_of, setting_of
 from mrp_dlm.eval.runner import EvalResult, check_batch_size, check_config, evaluate
 from mrp_dlm.eval.tasks.common import Example, Task
 from mrp_dlm.model.loading import write_atomic
@@ -42,7 +47,10 @@ PLOTS = {"accuracy_vs_speedup.png": ("speedup", "speedup over static (tokens/s r
 MARKDOWN_COLUMNS = (("task", "task"), ("label", "mode"), ("accuracy", "acc"),
                     ("tokens_per_forward", "tok/fwd"),
                     ("tokens_per_denoise_forward", "tok/denoise"), ("tokens_per_second", "tok/s"),
-                    ("speedup", "speedup"), ("mean_accepted", "accepted/round"),
+                    ("speedup", "speedup"), ("reproduces", "must equal"),
+                    ("identical_to_rule", "same as rule"), ("speedup_vs_rule", "speedup vs rule"),
+                    ("mean_accepted", "accepted/round"),
+                    ("forward_cost_vs_rule", "fwd cost vs rule"),
                     ("identical_to_static", "same as static"), ("lossless", "lossless"))
 
 
@@ -93,33 +101,79 @@ def pooled_stats(results: list[EvalResult]) -> DecodeStats:
     return functools.reduce(operator.add, (result.stats for result in results), DecodeStats())
 
 
-def bench_row(scope: str, results: list[EvalResult], static: list[EvalResult]) -> dict:
-    """One config's row over the pooled problems of `results`, against static's."""
+def identical(results: list[EvalResult], reference: list[EvalResult]) -> int:
+    """Problems whose generated ids equal the reference's (same problems, same order)."""
+    def ids(of: list[EvalResult]) -> list[list[int]]:
+        return [sample.token_ids for result in of for sample in result.samples]
+
+    return sum(got == want for got, want in zip(ids(results), ids(reference)))
+
+
+def ratio(value: float, reference: float) -> float | None:
+    return round(value / reference, 3) if reference else None
+
+
+def seconds_per_forward(stats: DecodeStats) -> float:
+    """Wall seconds per denoise or verify forward (head steps and prefill included)."""
+    return stats.seconds / max(stats.denoise_forwards + stats.verify_forwards, 1)
+
+
+def rule_columns(results: list[EvalResult], rule: list[EvalResult] | None) -> dict:
+    """What a lossless row reports against the rule it must equal (None for lossy modes)."""
     config = results[0].config
-    samples = [sample for result in results for sample in result.samples]
-    reference = [sample.token_ids for result in static for sample in result.samples]
+    keys = ("reproduces", "identical_to_rule", "differing_from_rule", "speedup_vs_rule",
+            "forward_cost_vs_rule")
+    if rule is None:
+        return dict.fromkeys(keys)
+    n, same = sum(len(r.samples) for r in results), identical(results, rule)
+    stats, rule_stats = pooled_stats(results), pooled_stats(rule)
+    return {"reproduces": grid_label(rule_of(config)), "identical_to_rule": round(same / n, 4),
+            "differing_from_rule": n - same,
+            "speedup_vs_rule": ratio(stats.tokens_per_second, rule_stats.tokens_per_second),
+            "forward_cost_vs_rule": ratio(seconds_per_forward(stats),
+                                          seconds_per_forward(rule_stats))}
+
+
+def bench_row(scope: str, results: list[EvalResult], static: list[EvalResult],
+              rule: list[EvalResult] | None = None) -> dict:
+    """One config's row over the pooled problems of `results`, against static's (and, for
+    a lossless mode, its rule's)."""
+    config = results[0].config
+    n = sum(len(result.samples) for result in results)
     stats, static_rate = pooled_stats(results), pooled_stats(static).tokens_per_second
-    same = sum(sample.token_ids == ids for sample, ids in zip(samples, reference))
     return {"task": scope, "mode": config.mode, "setting": setting_of(config),
-            "label": grid_label(config), "n": len(samples),
-            "accuracy": round(sum(s.correct for s in samples) / max(len(samples), 1), 4),
+            "label": grid_label(config), "n": n,
+            "accuracy": round(sum(s.correct for r in results for s in r.samples) / max(n, 1), 4),
             **stats.to_dict(),
             "mean_accepted": round(stats.mean_accepted, 3) if stats.rounds else None,
-            "speedup": round(stats.tokens_per_second / static_rate, 3) if static_rate else None,
-            "identical_to_static": round(same / max(len(samples), 1), 4),
+            "speedup": ratio(stats.tokens_per_second, static_rate),
+            **rule_columns(results, rule),
+            "identical_to_static": round(identical(results, static) / max(n, 1), 4),
             "lossless": config.mode in LOSSLESS_MODES}
 
 
 def bench_rows(scope: str, grids: list[GridResults]) -> list[dict]:
     """A row per config; several grids (tasks) pool their problems under `scope`."""
-    configs = range(len(grids[0].results))
-    return [bench_row(scope, [grid.results[i] for grid in grids],
-                      [grid.results[0] for grid in grids]) for i in configs]
+    configs = [result.config for result in grids[0].results]
+    labels = [grid_label(config) for config in configs]
+
+    def column(index: int) -> list[EvalResult]:
+        return [grid.results[index] for grid in grids]
+
+    rows = []
+    for index, config in enumerate(configs):
+        rule = rule_of(config)
+        rule_index = labels.index(grid_label(rule)) if rule is not None and \
+            grid_label(rule) in labels else None
+        rows.append(bench_row(scope, column(index), column(0),
+                              None if rule_index is None else column(rule_index)))
+    return rows
 
 
 def lossless_violations(rows: list[dict]) -> list[dict]:
-    """Rows of lossless modes whose tokens differ from static's on some problem."""
-    return [row for row in rows if row["lossless"] and row["identical_to_static"] < 1]
+    """Rows of lossless modes whose tokens differ from their rule's on some problem."""
+    return [row for row in rows if row["lossless"] and row["identical_to_rule"] is not None
+            and row["identical_to_rule"] < 1]
 
 
 def markdown(rows: list[dict]) -> str:

@@ -1,9 +1,14 @@
-"""Grid specs: "static,dynamic:0.9,speculative:3" <-> the decode configs a benchmark compares.
+"""Grid specs: "static,dynamic:0.9,speculative:3@0.9" <-> the decode configs a benchmark
+compares.
 
 An entry is `mode` or `mode:value`. The value sets the one knob that distinguishes a mode's
 settings (`VALUE_FIELDS`): the threshold of dynamic and remask, the lookahead K of direct
-and speculative, the entropy bound of entropy. Every other knob comes from a base config.
-Static is always part of a grid and always first: every ratio is measured against it.
+and speculative, the entropy bound of entropy. Speculative also names the threshold of the
+rule it reproduces, `speculative:K@τ` (without `@τ`, the base config's threshold); its
+label always shows it. Every other knob comes from a base config.
+Static is always part of a grid and always first: every ratio is measured against it. A
+lossless mode's rule (`rule_of`: dynamic at τ, or static at τ = 1.0) joins the grid just
+before it when the spec leaves it out, so that every lossless row can be checked.
 
 Deliberately not here: running the grid (see `bench.py`) and which modes need a head
 (`config.MRP_MODES`).
@@ -20,24 +25,52 @@ VALUE_FIELDS = {"dynamic": "threshold", "remask": "threshold", "direct": "lookah
 FIELD_TYPES = {"threshold": float, "lookahead": int, "entropy_bound": float}
 TYPE_NAMES = {float: "a number", int: "an integer"}
 BASELINE = "static"  # the reference every ratio is measured against
-LOSSLESS_MODES = ("static", "speculative")  # modes whose greedy tokens equal static's
-DEFAULT_GRID = ("static,dynamic:0.9,dynamic:0.7,dynamic:0.5,direct:1,direct:2,speculative:2,"
-                "speculative:3,speculative:4,remask:0.5,remask:0.7")
+LOSSLESS_MODES = ("static", "speculative")  # modes whose greedy tokens equal their rule's
+DEFAULT_GRID = ("static,dynamic:0.9,dynamic:0.7,dynamic:0.5,direct:1,direct:2,"
+                "speculative:2@1,speculative:3@1,speculative:2@0.9,speculative:3@0.9,"
+                "speculative:4@0.9,remask:0.5,remask:0.7")
 
 
 def grid_label(config: DecodeConfig) -> str:
-    """The grid entry that produces `config` from a base: "static", "speculative:3"."""
+    """The grid entry that produces `config` from a base: "static", "speculative:3@0.9"."""
     name = VALUE_FIELDS.get(config.mode)
-    return config.mode if name is None else f"{config.mode}:{getattr(config, name):g}"
+    if name is None:
+        return config.mode
+    label = f"{config.mode}:{getattr(config, name):g}"
+    return f"{label}@{config.threshold:g}" if config.mode == "speculative" else label
 
 
 def setting_of(config: DecodeConfig) -> str:
     """The mode's distinguishing knob as text, "lookahead=3"; empty for modes without one."""
     name = VALUE_FIELDS.get(config.mode)
-    return "" if name is None else f"{name}={getattr(config, name):g}"
+    if name is None:
+        return ""
+    setting = f"{name}={getattr(config, name):g}"
+    return f"{setting} threshold={config.threshold:g}" if config.mode == "speculative" else setting
+
+
+def rule_of(config: DecodeConfig) -> DecodeConfig | None:
+    """The head-free decode a lossless mode must equal token for token (None: lossy)."""
+    if config.mode == "static":
+        return config
+    if config.mode != "speculative":
+        return None
+    if config.threshold >= 1.0:
+        return dataclasses.replace(config, mode="static")
+    return dataclasses.replace(config, mode="dynamic")
 
 
 def parse_entry(entry: str, base: DecodeConfig) -> DecodeConfig:
+    entry, at, threshold = entry.partition("@")
+    if at:
+        if not entry.startswith("speculative:"):
+            raise ValueError(f"grid entry {entry + at + threshold!r}: only speculative:K@τ "
+                             "takes a threshold after @")
+        try:
+            base = dataclasses.replace(base, threshold=float(threshold))
+        except ValueError:
+            raise ValueError(f"grid entry {entry + at + threshold!r}: threshold must be a "
+                             f"number in (0, 1], got {threshold!r}") from None
     mode, _, value = entry.partition(":")
     if mode not in MODES:
         raise ValueError(f"grid entry {entry!r}: unknown mode {mode!r}; choose one of "
@@ -72,4 +105,18 @@ def parse_grid(spec: str, base: DecodeConfig) -> tuple[DecodeConfig, ...]:
     if repeated:
         raise ValueError(f"grid lists {', '.join(repeated)} more than once")
     baseline = dataclasses.replace(base, mode=BASELINE)
-    return (baseline, *(config for config in configs if config.mode != BASELINE))
+    return with_rules((baseline, *(config for config in configs if config.mode != BASELINE)))
+
+
+def with_rules(configs: tuple[DecodeConfig, ...]) -> tuple[DecodeConfig, ...]:
+    """configs with each lossless mode's rule inserted before it where missing (configs
+    share one base, so a label names a config)."""
+    labels = {grid_label(config) for config in configs}
+    out: list[DecodeConfig] = []
+    for config in configs:
+        rule = rule_of(config)
+        if rule is not None and grid_label(rule) not in labels:
+            labels.add(grid_label(rule))
+            out.append(rule)
+        out.append(config)
+    return tuple(out)

@@ -5,7 +5,7 @@ point (`plugin.load`). Module map:
   plugin.py        entry point: algorithms into SGLang's registry, model package, hooks
   config.py        the algorithms' YAML as a frozen dataclass; block size / mask id rules
   base.py          shared by both algorithms: launch and request errors, one forward
-  speculative.py   MrpSpeculative (lossless; == LowConfidence threshold 1.0); its draft and
+  speculative.py   MrpSpeculative (lossless; == LowConfidence at its threshold); its draft and
                    accept are decoding/speculative.py's own functions
   direct.py        MrpDirect (lossy, up to 1 + K tokens per forward)
   verify_batch.py  K + 1 candidates as extra rows of one forward (SGLang internals, gated)

@@ -5,8 +5,8 @@ Errors, each with a message that says what to do:
 - at launch: tensor parallelism > 1, `--no-dllm-fdfo` (the algorithms are written for
   first-done-first-out scheduling), a bad YAML, a missing head directory, a head whose
   fingerprint does not match the model or the block size (raised while the model loads);
-- per request: sampling. The MRP modes here decode greedily (speculative reproduces static
-  decoding token for token); SGLang turns temperature 0 into top_k 1, so any request with
+- per request: sampling. The MRP modes here decode greedily (speculative reproduces
+  `LowConfidence` at its threshold token for token); SGLang turns temperature 0 into top_k 1, so any request with
   top_k != 1 is refused.
 
 Deliberately not here: the per-round logic (see `speculative.py`, `direct.py`).
@@ -61,7 +61,7 @@ class MrpAlgorithm(DllmAlgorithm):
     def validate_request(cls, req: Any) -> Optional[str]:
         params = req.sampling_params
         if params.top_k != 1:
-            return (f"{cls.__name__} decodes greedily (it reproduces static decoding); send "
+            return (f"{cls.__name__} decodes greedily (it reproduces greedy threshold decoding); send "
                     f"temperature 0 (got temperature {params.temperature}, top_k "
                     f"{params.top_k})")
         return None

@@ -2,6 +2,8 @@
 
     lookahead: 3            # optional, default DecodeConfig's; K: head drafts per round
                             # (speculative) / commits per forward (direct)
+    threshold: 0.9          # MrpSpeculative only, optional, default DecodeConfig's: the
+                            # LowConfidence threshold it reproduces (1.0: static decoding)
     head: /path/to/head     # MRP head directory (config.json + model.safetensors)
     block_size: 16          # optional; else the model's config.json, else the SDAR default 4
     mask_token_id: 151669   # optional; else the model's config.json, else the SDAR default
@@ -40,6 +42,7 @@ class MrpServingConfig:
 
     head: str  # MRP head directory, trained on this model at this block size
     lookahead: int = DecodeConfig.lookahead  # K: head steps per round (the library's default)
+    threshold: float | None = None  # MrpSpeculative's rule; None: the library's default
     block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
     mask_token_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
     capture_input_preparation: bool = True  # SGLang's own key; accepted and passed through
@@ -50,6 +53,11 @@ class MrpServingConfig:
         if not isinstance(self.lookahead, int) or isinstance(self.lookahead, bool) \
                 or self.lookahead < 1:
             raise ServingConfigError(f"lookahead must be an integer >= 1, got {self.lookahead!r}")
+        if self.threshold is not None and (
+                not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool)
+                or not 0.0 < self.threshold <= 1.0):
+            raise ServingConfigError(f"threshold must be a number in (0, 1], got "
+                                     f"{self.threshold!r}")
         for name in ("block_size", "mask_token_id"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
@@ -70,6 +78,11 @@ class MrpServingConfig:
         if "head" not in raw:
             raise ServingConfigError(f"{source} lacks `head` (the MRP head directory)")
         return cls(**raw)
+
+    @property
+    def speculative_threshold(self) -> float:
+        """The LowConfidence threshold MrpSpeculative reproduces."""
+        return DecodeConfig.threshold if self.threshold is None else float(self.threshold)
 
     def head_directory(self) -> Path:
         path = Path(self.head).expanduser()

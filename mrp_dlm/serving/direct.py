@@ -20,9 +20,17 @@ import torch
 from mrp_dlm.decoding.direct import direct_step
 from mrp_dlm.decoding.step import BackboneStep, BlockRows, Step
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.config import ServingConfigError
 
 
 class MrpDirect(MrpAlgorithm):
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        if self.serving.threshold is not None:
+            raise ServingConfigError("MrpDirect takes no threshold (it commits the static "
+                                     "pick and K head picks per forward); threshold is "
+                                     "MrpSpeculative's")
+
     def run(self, model_runner, forward_batch, algo_states=None):
         head, host = self.model_parts(model_runner)
         B, L = forward_batch.batch_size, self.block_size

@@ -10,13 +10,16 @@ Each `run()` does one forward in which every request has one or more rows:
 Then, per request: the block is done when its accepted state has no masks left AND its
 own row forwarded exactly that state (so the clean KV sits in the block's real slots);
 a clean block whose own row held another state is stored by one more single-row forward;
-otherwise the head drafts S_1 .. S_M from the seed, S_1 (the backbone's own static pick)
-is accepted at once, and the own row carries S_M next round. So a request without
-scratch rows still advances one exact static step per forward.
+otherwise the head drafts S_1 .. S_m from the seed (m <= M: drafting stops once no
+request has a mask left), S_1 (the backbone's own threshold step) is accepted at once, and
+the own row carries S_m next round. So a request without
+scratch rows still advances one exact threshold step per forward.
 
 Scratch rows and slots are freed inside the same call. Acceptance is per request: no
-request waits for another. Every committed token is the backbone's own static pick, so
-the output equals `LowConfidence` with threshold 1.0, token for token.
+request waits for another. The rule is `LowConfidence`'s at the YAML's `threshold` (every
+masked position above it, else the most confident; 1.0: static decoding, one token per
+forward). Every committed state is the backbone's own step on the state before it, so the
+output equals `LowConfidence` at that threshold, token for token.
 
 Deliberately not here: the pure draft/accept phases (shared with the library decoder, see
 `decoding/speculative.py`) and SGLang batch surgery (see `verify_batch.py`).
@@ -71,6 +74,7 @@ class MrpSpeculative(MrpAlgorithm):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.copies = self.lookahead + 1
+        self.threshold = self.serving.speculative_threshold
         self.counts = Counts()
 
     def run(self, model_runner, forward_batch, algo_states=None):
@@ -108,10 +112,11 @@ class MrpSpeculative(MrpAlgorithm):
         rounds = []
         for index, state in enumerate(states):
             if state.drafts is not None and reserve(scratch, forward_batch, index,
-                                                    self.copies - 1, self.block_size):
+                                                    state.drafts.states.shape[1] - 1,
+                                                    self.block_size):
                 rounds.append(Round(state.drafts.states[0], verifying=True))
             else:
-                state.drafts = None  # the fallback: a static step from the accepted state
+                state.drafts = None  # the fallback: one exact step from the accepted state
                 rounds.append(Round(state.accepted[None], verifying=False))
         return rounds
 
@@ -138,7 +143,7 @@ class MrpSpeculative(MrpAlgorithm):
             state.forwards += 1
             if round_.verifying:
                 n = int(accept(state.drafts, logits[None, row:row + m], state.prompt[None],
-                               self.mask_id, positions[index:index + 1])[0])
+                               self.mask_id, positions[index:index + 1], self.threshold)[0])
                 state.accepted = state.drafts.states[0, n - 1]
                 seeds.append((logits[row + n - 1], hidden[row + n - 1]))
             else:
@@ -150,7 +155,7 @@ class MrpSpeculative(MrpAlgorithm):
                         seeds, positions: torch.Tensor) -> list[bool]:
         """Done blocks, stores, and new drafts (one batched head chain) for the rest.
 
-        Draft 1 is the backbone's own pick on the seed, so it is accepted at once: even
+        Draft 1 is the backbone's own step on the seed, so it is accepted at once: even
         a request that never gets scratch rows advances one token per forward."""
         done, to_draft = [], []
         for index, (state, round_) in enumerate(zip(states, rounds)):
@@ -177,11 +182,13 @@ class MrpSpeculative(MrpAlgorithm):
         eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
         seed = BackboneStep(hidden=torch.stack([hidden for _, hidden in seeds]),
                             logits=torch.stack([logits for logits, _ in seeds]))
-        drafts = draft(head, host, seed, BlockRows(block, eligible, positions), self.copies)
+        drafts = draft(head, host, seed, BlockRows(block, eligible, positions), self.copies,
+                       self.threshold)
         for row, state in enumerate(states):
-            state.accepted = drafts.states[row, 0]  # the static pick itself: exact
+            state.accepted = drafts.states[row, 0]  # the backbone's own step: exact
             if bool(self.open_positions(state).any()):
-                state.drafts = Drafts(drafts.states[row:row + 1], drafts.valid[row:row + 1])
+                state.drafts = Drafts(drafts.states[row:row + 1], drafts.valid[row:row + 1],
+                                      drafts.finished)
 
     def count_block(self, state: BlockState) -> None:
         self.counts.blocks += 1

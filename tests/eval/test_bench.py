@@ -1,4 +1,5 @@
-"""`mrp bench`: grid specs, the rows against static (lossless modes identical), the outputs."""
+"""`mrp bench`: grid specs, the rows against static and against each lossless mode's rule
+(identical), the outputs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.eval import bench
-from mrp_dlm.eval.grid import DEFAULT_GRID, grid_label, parse_grid, setting_of
+from mrp_dlm.eval.grid import DEFAULT_GRID, grid_label, parse_grid, rule_of, setting_of
 from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.pipeline import Pipeline
 
@@ -25,7 +26,8 @@ def test_the_default_grid_round_trips():
 
 
 def test_static_is_added_and_moved_first_and_base_knobs_kept():
-    assert labels("speculative:3, dynamic:0.7") == ["static", "speculative:3", "dynamic:0.7"]
+    assert labels("dynamic:0.9,speculative:3, dynamic:0.7") == [
+        "static", "dynamic:0.9", "speculative:3@0.9", "dynamic:0.7"]
     assert labels("remask:0.5,static,entropy:1.5") == ["static", "remask:0.5", "entropy:1.5"]
     configs = parse_grid("direct:2,dynamic:0.25", BASE)
     assert configs[1].lookahead == 2 and isinstance(configs[1].lookahead, int)
@@ -45,7 +47,23 @@ BAD_GRIDS = {
     "dynamic:1.5": "'dynamic:1.5': threshold must be in",
     "speculative:0": "'speculative:0': lookahead must be >= 1",
     "dynamic:0.5,dynamic:0.50": "dynamic:0.5 more than once",
+    "speculative:2@x": "threshold must be a number in",
+    "speculative:2@1.5": "threshold must be a number in",
+    "dynamic:0.5@0.9": "only speculative:K@τ takes a threshold",
 }
+
+
+def test_a_lossless_mode_brings_its_rule():
+    # speculative at τ must equal dynamic at τ (static at 1.0): the rule joins the grid.
+    assert labels("speculative:3@0.7,speculative:2@1,dynamic:0.7,speculative:2@0.7") == [
+        "static", "speculative:3@0.7", "speculative:2@1", "dynamic:0.7", "speculative:2@0.7"]
+    assert labels("speculative:3@0.8") == ["static", "dynamic:0.8", "speculative:3@0.8"]
+    assert labels("speculative:3") == ["static", "dynamic:0.9", "speculative:3@0.9"]
+    configs = parse_grid("speculative:2@0.75", BASE)
+    assert [grid_label(rule_of(c)) if rule_of(c) else None for c in configs] == [
+        "static", None, "dynamic:0.75"]
+    assert rule_of(parse_grid("direct:2", BASE)[1]) is None
+    assert setting_of(configs[2]) == "lookahead=2 threshold=0.75"
 
 
 @pytest.mark.parametrize("spec", BAD_GRIDS)
@@ -58,34 +76,43 @@ def test_a_lookahead_beyond_a_given_block_size_fails_while_parsing():
     with pytest.raises(ValueError, match=r"'speculative:9': lookahead \(9\) cannot exceed "
                                          r"block_size \(8\)"):
         parse_grid("speculative:9", DecodeConfig(block_size=8))
-    assert labels("speculative:20,remask:0.5") == ["static", "speculative:20", "remask:0.5"]
+    assert labels("speculative:20,remask:0.5") == ["static", "dynamic:0.9", "speculative:20@0.9",
+                                                   "remask:0.5"]
 
 
 def test_modes_without_a_head_are_dropped():
-    configs = parse_grid("dynamic:0.5,direct:1,speculative:2,remask:0.5", BASE)
+    configs = parse_grid("dynamic:0.5,direct:1,speculative:2@0.5,remask:0.5", BASE)
     kept, dropped = bench.split_by_head(configs, has_head=False)
     assert [grid_label(c) for c in kept] == ["static", "dynamic:0.5"]
-    assert dropped == ["direct:1", "speculative:2", "remask:0.5"]
+    assert dropped == ["direct:1", "speculative:2@0.5", "remask:0.5"]
     assert bench.split_by_head(configs, has_head=True) == (configs, [])
 
 
 def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
     model_dir, head_dir = saved_model_and_head
     pipe = Pipeline.load(model_dir, head=head_dir)
-    configs = parse_grid("static,dynamic:0.5,speculative:2,direct:1", BASE)
+    configs = parse_grid("static,dynamic:0.5,speculative:2@1,speculative:2@0.5,direct:1", BASE)
     tasks = [get_task("arith"), get_task("arith-code")]
     suites = [(task, task.examples("test", 2)) for task in tasks]
     grids = bench.run_bench(pipe, suites, configs)
     rows = {row["label"]: row for row in bench.bench_rows("arith", grids[:1])}
-    assert list(rows) == ["static", "dynamic:0.5", "speculative:2", "direct:1"]
-    static, speculative = rows["static"], rows["speculative:2"]
+    assert list(rows) == ["static", "dynamic:0.5", "speculative:2@1", "speculative:2@0.5",
+                          "direct:1"]
+    static, speculative = rows["static"], rows["speculative:2@1"]
     assert static["speedup"] == 1.0 and static["identical_to_static"] == 1.0 and static["lossless"]
     assert speculative["identical_to_static"] == 1.0 and speculative["lossless"]
+    assert (speculative["reproduces"], speculative["identical_to_rule"]) == ("static", 1.0)
+    over_dynamic = rows["speculative:2@0.5"]
+    assert over_dynamic["reproduces"] == "dynamic:0.5" and over_dynamic["differing_from_rule"] == 0
+    assert over_dynamic["speedup_vs_rule"] > 0 and over_dynamic["forward_cost_vs_rule"] > 0
+    assert rows["direct:1"]["reproduces"] is None and rows["dynamic:0.5"]["reproduces"] is None
     assert speculative["mean_accepted"] is not None and static["mean_accepted"] is None
     assert not rows["direct:1"]["lossless"] and rows["dynamic:0.5"]["speedup"] > 0
     assert speculative["accuracy"] == static["accuracy"] and all(r["n"] == 2 for r in rows.values())
     pooled = bench.bench_rows("all", grids)
-    assert [row["n"] for row in pooled] == [4] * 4 and not bench.lossless_violations(pooled)
+    assert [row["n"] for row in pooled] == [4] * 5
+    assert not bench.lossless_violations(pooled), [
+        (r["label"], r["identical_to_rule"]) for r in pooled]
 
     report = bench.bench_report(list(rows.values()), dict(task="arith", device="cpu"), configs)
     paths = bench.write_bench(tmp_path / "out", report)
@@ -99,10 +126,12 @@ def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
 
 
 def test_lossless_violations_and_markdown_placeholders():
-    rows = [dict(task="t", label="speculative:2", accuracy=1.0, tokens_per_forward=1.0,
+    rows = [dict(task="t", label="speculative:2@1", accuracy=1.0, tokens_per_forward=1.0,
                  tokens_per_denoise_forward=1.0, tokens_per_second=3.0, speedup=0.5,
-                 mean_accepted=None, identical_to_static=0.5, lossless=True)]
+                 reproduces="static", identical_to_rule=0.5, speedup_vs_rule=0.5,
+                 mean_accepted=None, forward_cost_vs_rule=2.0, identical_to_static=0.5,
+                 lossless=True)]
     assert bench.lossless_violations(rows) == rows
     assert bench.lossless_violations([{**rows[0], "lossless": False}]) == []
-    assert "| t | speculative:2 | 1.0 | 1.0 | 1.0 | 3.0 | 0.5 | - | 0.5 | True |" in \
-        bench.markdown(rows)
+    assert ("| t | speculative:2@1 | 1.0 | 1.0 | 1.0 | 3.0 | 0.5 | static | 0.5 | 0.5 | - | 2.0 "
+            "| 0.5 | True |") in bench.markdown(rows)

@@ -2,10 +2,11 @@
 classes (DllmConfig, LowConfidence, ForwardBatch, ReqToTokenPool, the token allocator) and
 a fake model runner (see `fake_engine.py`).
 
-- MrpSpeculative == LowConfidence with threshold 1.0 (static decoding) token for token, for
-  block sizes 4 and 16, K = 1..4, a useless (random) head and a good one (a zero head on a
-  damped backbone, where long draft runs are accepted), several requests of mixed prompt
-  lengths decoded together; with the good head it takes fewer forwards;
+- MrpSpeculative with `threshold` τ == LowConfidence at τ token for token, for τ = 1.0
+  (static decoding) and 0.2 (several tokens per step on these models), block sizes 4 and
+  16, K = 1..4, a useless (random) head and a good one (a zero head on a damped backbone,
+  where long draft runs are accepted), several requests of mixed prompt lengths decoded
+  together; with the good head it takes fewer forwards;
 - the one-row static fallback (no rows or slots free for the drafts) is still exact, and
   every scratch row and slot is returned;
 - MrpDirect with a zero head == static decoding at 1 + K tokens per forward, and equals
@@ -83,10 +84,13 @@ def robust_prompts(model, config: DecodeConfig, head: MRPHead | None = None) -> 
 
 
 @functools.lru_cache(maxsize=None)
-def static_prompts(seed: int, block_size: int, damped: bool) -> list[list[int]]:
-    """The batch of a backbone's static (LowConfidence at threshold 1.0) exactness cases."""
+def rule_prompts(seed: int, block_size: int, damped: bool, threshold: float = 1.0
+                 ) -> list[list[int]]:
+    """The batch of a backbone's exactness cases for LowConfidence at `threshold` (our
+    dynamic rule; 1.0: static)."""
     return robust_prompts(backbone(seed, block_size, damped),
-                          DecodeConfig(block_size=block_size, max_new_tokens=MAX_NEW[block_size],
+                          DecodeConfig(mode="dynamic", threshold=threshold,
+                                       block_size=block_size, max_new_tokens=MAX_NEW[block_size],
                                        stop_token_ids=()))
 
 
@@ -116,13 +120,14 @@ def runner_with_head(model, block_size: int, head_dir: str | None) -> FakeRunner
 
 
 @functools.lru_cache(maxsize=None)
-def low_confidence(seed: int, block_size: int, damped: bool) -> tuple[tuple, int]:
-    """(outputs, forwards) of SGLang's LowConfidence at threshold 1.0 on the fake runner."""
+def low_confidence(seed: int, block_size: int, damped: bool, threshold: float = 1.0
+                   ) -> tuple[tuple, int]:
+    """(outputs, forwards) of SGLang's LowConfidence at `threshold` on the fake runner."""
     model = backbone(seed, block_size, damped)
     runner = FakeRunner(model, block_size)
-    algorithm = LowConfidence(dllm_config("LowConfidence", block_size, threshold=1.0))
-    out = serve(runner, algorithm, static_prompts(seed, block_size, damped), MAX_NEW[block_size],
-                MASK)
+    algorithm = LowConfidence(dllm_config("LowConfidence", block_size, threshold=threshold))
+    out = serve(runner, algorithm, rule_prompts(seed, block_size, damped, threshold),
+                MAX_NEW[block_size], MASK)
     return tuple(tuple(row) for row in out), runner.forwards
 
 
@@ -131,27 +136,30 @@ def heads(model, seed: int) -> dict[str, MRPHead]:
             "good": MRPHead(model.config, HeadConfig(num_layers=1)).eval()}
 
 
+@pytest.mark.parametrize("threshold", [1.0, 0.2])
 @pytest.mark.parametrize("lookahead", [1, 2, 3, 4])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_speculative_equals_low_confidence(tmp_path, block_size, lookahead):
+def test_speculative_equals_low_confidence(tmp_path, block_size, lookahead, threshold):
     max_new = MAX_NEW[block_size]
     for seed, damped in ((0, False), (5, True)):
         model = backbone(seed, block_size, damped)
-        want, static_forwards = low_confidence(seed, block_size, damped)
-        prompts = static_prompts(seed, block_size, damped)
-        config = DecodeConfig(block_size=block_size, max_new_tokens=max_new, stop_token_ids=())
-        static = generate(model, prompts, config, make_decoder(config, None)).token_ids
-        assert [list(r) for r in want] == static, "the fake engine's LowConfidence != our static"
+        want, rule_forwards = low_confidence(seed, block_size, damped, threshold)
+        prompts = rule_prompts(seed, block_size, damped, threshold)
+        config = DecodeConfig(mode="dynamic", threshold=threshold, block_size=block_size,
+                              max_new_tokens=max_new, stop_token_ids=())
+        ours = generate(model, prompts, config, make_decoder(config, None)).token_ids
+        assert [list(r) for r in want] == ours, "the fake engine's LowConfidence != our dynamic"
         for name, head in heads(model, seed + lookahead).items():
             head_dir = saved_head(tmp_path / f"{seed}-{name}", model, head)
             runner = runner_with_head(model, block_size, head_dir)
             algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
-                                                   lookahead=lookahead))
+                                                   lookahead=lookahead, threshold=threshold))
             got = serve(runner, algorithm, prompts, max_new, MASK)
             assert tuple(tuple(r) for r in got) == want, f"seed {seed} head {name}"
             assert runner.req_to_token_pool.available_size() == runner.free_rows - len(prompts)
-            if name == "good" and damped:
-                assert runner.forwards < static_forwards, (runner.forwards, static_forwards)
+            if name == "good" and damped and threshold == 1.0:
+                assert runner.forwards < rule_forwards, (runner.forwards, rule_forwards)
+            assert runner.forwards <= rule_forwards, (runner.forwards, rule_forwards)
 
 
 def test_fallback_without_free_rows_is_exact(tmp_path):
@@ -160,10 +168,10 @@ def test_fallback_without_free_rows_is_exact(tmp_path):
     head_dir = saved_head(tmp_path, model, random_head(model, 1, norm=0.3))
     runner = runner_with_head(model, block_size, head_dir)
     # Room for the two extra rows of one request at a time: the others fall back.
-    prompts = static_prompts(0, 4, False)
+    prompts = rule_prompts(0, 4, False)
     taken = runner.req_to_token_pool.alloc_rows(runner.free_rows - len(prompts) - 2)
     algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
-                                           lookahead=2))
+                                           lookahead=2, threshold=1.0))
     got = serve(runner, algorithm, prompts, MAX_NEW[4], MASK)
     assert tuple(tuple(r) for r in got) == want
     assert runner.req_to_token_pool.available_size() == 2
@@ -214,6 +222,13 @@ def test_config_errors(tmp_path):
         MrpSpeculative(dllm_config("MrpSpeculative", 4, head=str(tmp_path / "nope")))
     with pytest.raises(ServingConfigError, match="lookahead"):
         MrpSpeculative(dllm_config("MrpSpeculative", 4, head=head_dir, lookahead=0))
+    for bad in (0.0, 1.5, "high", True):
+        with pytest.raises(ServingConfigError, match=r"threshold must be a number in \(0, 1\]"):
+            MrpSpeculative(dllm_config("MrpSpeculative", 4, head=head_dir, threshold=bad))
+    assert MrpSpeculative(dllm_config("MrpSpeculative", 4, head=head_dir)).threshold == \
+        DecodeConfig.threshold  # the library's default rule
+    with pytest.raises(ServingConfigError, match="MrpDirect takes no threshold"):
+        MrpDirect(dllm_config("MrpDirect", 4, head=head_dir, threshold=0.9))
     config = dllm_config("MrpSpeculative", 4, head=head_dir)
     config.first_done_first_out_mode = False
     with pytest.raises(ServingConfigError, match="no-dllm-fdfo"):

@@ -1,7 +1,8 @@
-"""Cross-engine: the embedded model and its MRP head served by SGLang (`MrpSpeculative`,
-real engine on CPU) give the same tokens as our own `mrp generate --mode static` and
-`--mode speculative` (through the Pipeline API) on the same chat prompts, decoded as one
-batch; tokens per forward of each are reported.
+"""Cross-engine: the embedded model and its MRP head served by SGLang (`MrpSpeculative` at
+its default threshold, real engine on CPU) give the same tokens as our own
+`mrp generate --mode dynamic` and `--mode speculative` (through the Pipeline API, both at
+the same default threshold) on the same chat prompts, decoded as one batch; tokens per
+forward of each are reported.
 
 Nothing here hard-codes an output: the shipped model and head may be retrained; the test
 compares the engines on whatever is shipped. One engine start-up.
@@ -35,19 +36,19 @@ def pipeline():
     return Pipeline.load()
 
 
-def test_sglang_speculative_equals_our_static_and_speculative(pipeline, tmp_path, capfd):
+def test_sglang_speculative_equals_our_dynamic_and_speculative(pipeline, tmp_path, capfd):
     ids = [pipeline.encode(prompt, chat=True) for prompt in PROMPTS]
-    static_config = DecodeConfig(mode="static", max_new_tokens=MAX_NEW)
-    static = pipeline.generate(PROMPTS, static_config, chat=True)
-    # Only prompts whose static output survives perturbed logits are compared: the engines
-    # compute the same logits with other kernels (tests/margins.py).
+    rule_config = DecodeConfig(mode="dynamic", max_new_tokens=MAX_NEW)  # the default threshold
+    rule = pipeline.generate(PROMPTS, rule_config, chat=True)
+    # Only prompts whose output survives perturbed logits are compared: the engines compute
+    # the same logits with other kernels (tests/margins.py).
     stable = stable_rows(pipeline.model,
-                         lambda: pipeline.generate(PROMPTS, static_config, chat=True).token_ids,
-                         static.token_ids)
+                         lambda: pipeline.generate(PROMPTS, rule_config, chat=True).token_ids,
+                         rule.token_ids)
     assert len(stable) >= len(PROMPTS) - 1, f"only prompts {stable} are stable"
     ours = pipeline.generate(PROMPTS, DecodeConfig(mode="speculative", lookahead=LOOKAHEAD,
                                                    max_new_tokens=MAX_NEW), chat=True)
-    assert [ours.token_ids[i] for i in stable] == [static.token_ids[i] for i in stable]
+    assert [ours.token_ids[i] for i in stable] == [rule.token_ids[i] for i in stable]
     config = tmp_path / "mrp.yaml"
     config.write_text(f"head: {embedded_head_dir()}\nlookahead: {LOOKAHEAD}\n")
     engine = start_engine(embedded_model_dir(), "MrpSpeculative", config)
@@ -60,9 +61,9 @@ def test_sglang_speculative_equals_our_static_and_speculative(pipeline, tmp_path
     stops = pipeline.model.config.stop_token_ids
     served = [trim_after_stop(row, stops, MAX_NEW) for row in served]
     for index in stable:
-        got, want = served[index], static.token_ids[index]
+        got, want = served[index], rule.token_ids[index]
         assert got == want, f"prompt {index}: SGLang {got}\n ours {want}"
     rate = tokens_per_forward(served, log_text)
-    print(f"tokens per forward: ours static {static.stats.tokens_per_forward:.3f}, "
+    print(f"tokens per forward: ours dynamic {rule.stats.tokens_per_forward:.3f}, "
           f"ours speculative {ours.stats.tokens_per_forward:.3f}, "
           f"SGLang MrpSpeculative {rate:.3f}")
