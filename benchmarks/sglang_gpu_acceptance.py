@@ -1,8 +1,9 @@
 """GPU acceptance of the SGLang plugin: MrpSpeculative is lossless and faster.
 
 Launches an SGLang server four times on one GPU, on the same prompts, greedy:
-  baseline     LowConfidence, threshold 1.0 (static decoding: one token per forward)
-  speculative  MrpSpeculative, lookahead K (default 3)
+  baseline     LowConfidence at --threshold (default 0.9; 1.0: static decoding, one token
+               per forward)
+  speculative  MrpSpeculative, lookahead K (default 3), at the same threshold
 each with CUDA graphs on and off, all with --enable-deterministic-inference and
 --attention-backend triton (a batch-invariant forward: bf16 results must not depend on
 which requests share a batch). Asserts that every speculative output equals the baseline
@@ -37,6 +38,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from mrp_dlm.config import DecodeConfig
 
 PROMPTS = [
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
@@ -76,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--head", required=True, help="MRP head directory for this model")
     parser.add_argument("--block-size", type=int, default=16, help="L, the head's block size")
     parser.add_argument("--lookahead", type=int, default=3, help="K of MrpSpeculative")
+    parser.add_argument("--threshold", type=float, default=DecodeConfig.threshold,
+                        help="the LowConfidence threshold both runs use (1.0: static)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="per prompt")
     parser.add_argument("--prompts", type=Path, help="JSONL file with a 'prompt' per line "
                         "(default: 8 built-in math and code prompts)")
@@ -164,10 +169,10 @@ def serve_once(args: argparse.Namespace, algorithm: str, config: Path, cuda_grap
 
 def write_configs(args: argparse.Namespace, workdir: Path) -> dict[str, Path]:
     baseline = workdir / "low_confidence.yaml"
-    baseline.write_text(f"threshold: 1.0\nblock_size: {args.block_size}\n")
+    baseline.write_text(f"threshold: {args.threshold}\nblock_size: {args.block_size}\n")
     speculative = workdir / "mrp.yaml"
     speculative.write_text(f"head: {args.head}\nlookahead: {args.lookahead}\n"
-                           f"block_size: {args.block_size}\n")
+                           f"threshold: {args.threshold}\nblock_size: {args.block_size}\n")
     return {"LowConfidence": baseline, "MrpSpeculative": speculative}
 
 

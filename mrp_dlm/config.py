@@ -83,6 +83,7 @@ class DecodeConfig:
     top_p: float = 1.0  # nucleus mass kept when sampling
     seed: int = 0  # sampling seed; a row's draws depend on it and the row's positions only
     lookahead: int = 3  # direct/speculative: MRP head steps per backbone forward (K)
+    adaptive: bool = True  # speculative: run only the head drafts that the measured acceptance and round cost say pay off (lookahead is the most); off: always lookahead
     remask_rule: str = "confidence"  # remask: confidence (re-score reveals on A+C) or delta (veto |C| > remask_delta)
     remask_delta: float = 2.0  # remask delta rule: veto a proposal whose residual logit exceeds this
     stop_token_ids: tuple[int, ...] | None = None  # None means the model's stop ids

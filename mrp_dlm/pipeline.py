@@ -10,7 +10,7 @@ Deliberately not here: argument parsing (see `cli.py`) and decoding internals.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
+from mrp_dlm.decoding.step import Decoder
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
@@ -49,6 +50,14 @@ class Pipeline:
     tokenizer: TextTokenizer | None
     directory: Path
     head_dir: Path | None = None  # MRP head checkpoint, read when a mode first needs the head
+    decoders: dict[DecodeConfig, Decoder] = field(default_factory=dict, repr=False)  # by config
+
+    def decoder(self, config: DecodeConfig) -> Decoder:
+        """The decoder of `config`, made once: an adaptive speculative decoder carries what it
+        measured (acceptance, round costs) from one call to the next."""
+        if config not in self.decoders:
+            self.decoders[config] = make_decoder(config, self.head_for(config))
+        return self.decoders[config]
 
     @functools.cached_property
     def head(self) -> MRPHead | None:
@@ -92,6 +101,6 @@ class Pipeline:
 
     def generate(self, prompts: list[str], config: DecodeConfig, chat: bool = False) -> GenerateOutput:
         ids = [self.encode(prompt, chat) for prompt in prompts]
-        result = generate(self.model, ids, config, make_decoder(config, self.head_for(config)))
+        result = generate(self.model, ids, config, self.decoder(config))
         texts = [self.tokenizer.decode(row) for row in result.token_ids]
         return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats)

@@ -9,11 +9,13 @@ Each round (one step of the driver's loop), from the backbone's logits on the cu
 block state S_0 (the seed):
 - draft: draft 1 is the backbone's own step on S_0; drafts 2..K+1 come from K head steps,
   each the rule's step on A + sum C after the drafts so far. This gives candidate states
-  S_1 .. S_m; drafting stops early (m < K + 1) once no row has a masked position left.
+  S_1 .. S_m; drafting stops early (m < K + 1) once no row has a masked position left, and
+  with `adaptive` a round runs only the head drafts its measured acceptance and cost say
+  will pay (`drafting.py`). A round without head drafts is the rule's own step: no verify
+  forward, the driver's denoise forward on S_1 seeds the next round, as in the rule.
 - verify: one backbone forward over the candidates S_1 .. S_v side by side (each sees the
   cached prefix and itself only). A last candidate without masks in any row is not
-  verified (v = m - 1): its check could only seed a round that never comes. When draft 1
-  itself finishes every row's block (v = 0) there is no verify forward at all.
+  verified (v = m - 1): its check could only seed a round that never comes.
 - accept: draft j+1 stands while the backbone's own step on S_j equals it (same
   positions, same tokens). Every row advances by its own acceptance; no row waits for
   another.
@@ -35,7 +37,9 @@ from dataclasses import dataclass
 import torch
 
 from mrp_dlm.config import DecodeConfig
+from mrp_dlm.decoding.drafting import Acceptance, RoundCosts, measure_costs
 from mrp_dlm.decoding.driver import BlockContext
+from mrp_dlm.decoding.sampling import GREEDY, propose
 from mrp_dlm.decoding.selection import threshold_pick
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.model.head import HeadBackbone, MRPHead
@@ -121,23 +125,50 @@ def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
 
 
 class SpeculativeDecoder:
+    """Keeps, across the calls it serves, the acceptance of its head and the round costs
+    per batch size (see `drafting.py`)."""
+
     def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
         self.config, self.head = config, head
         self.copies = config.lookahead + 1
+        self.acceptance = Acceptance()
+        self.costs: dict[int, RoundCosts] = {}  # by batch size
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows, threshold = step.rows, self.config.threshold
         B, L = rows.tokens.shape
-        drafts = draft(self.head, context.model, step.base, rows, self.copies, threshold)
+        copies = 1 + self.head_drafts(context, step)
+        drafts = draft(self.head, context.model, step.base, rows, copies, threshold)
         context.counters.add_head_steps(drafts.states.shape[1] - 1)
         v = drafts.verified
-        if v == 0:  # draft 1, the backbone's own step, finished every row's block
+        if drafts.states.shape[1] == 1:  # no head draft: the rule's own step, as the rule
             context.counters.add_rounds(torch.zeros_like(drafts.valid[:, 0], dtype=torch.long),
-                                        drafts.valid[:, 0])
+                                        drafts.valid[:, 0])  # runs it (the driver denoises next)
             return Advance(drafts.states[:, 0])
         check = context.verify(drafts.states[:, :v].reshape(B, v * L))
         frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
         accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
                           context.schedule.mask_token_id, rows.positions, threshold)  # (B,)
-        context.counters.add_rounds((accepted - 1).clamp_min(0), drafts.valid[:, 0])
+        head_accepted = (accepted - 1).clamp_min(0)  # (B,)
+        context.counters.add_rounds(head_accepted, drafts.valid[:, 0])
+        if self.config.adaptive and drafts.states.shape[1] > 1:
+            self.acceptance.record(head_accepted, drafts.valid[:, 1:].sum(dim=1))
         return take_accepted(drafts, check, accepted, rows.tokens, step.base)
+
+    def head_drafts(self, context: BlockContext, step: Step) -> int:
+        """Head drafts this round runs: lookahead, or with `adaptive` those that pay."""
+        if not self.config.adaptive:
+            return self.config.lookahead
+        B = step.rows.tokens.shape[0]
+        if B not in self.costs:
+            self.costs[B] = measure_costs(context.forward, lambda: self.head_step(context, step),
+                                          step.rows.tokens)
+        return self.acceptance.plan(self.costs[B], self.config.lookahead)
+
+    def head_step(self, context: BlockContext, step: Step) -> None:
+        """One head step and the rule's pick on its logits, as drafting runs them (timed)."""
+        rows = step.rows
+        accumulator = self.head.advance(context.model, rows.tokens, step.base.hidden,
+                                        rows.positions)  # (B, L, H)
+        propose(context.model.logits(accumulator), context.schedule.mask_token_id, GREEDY,
+                rows.positions, 0)

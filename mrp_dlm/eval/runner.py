@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import store
 from mrp_dlm.eval.grid import grid_label, setting_of
@@ -78,7 +77,7 @@ def check_batch_size(batch_size: int) -> None:
 def check_config(pipe: Pipeline, config: DecodeConfig) -> None:
     """Raise ValueError now, before any output is written, if `pipe` cannot decode `config`."""
     config.resolve(pipe.model.config)
-    make_decoder(config, pipe.head_for(config))
+    pipe.decoder(config)
 
 
 def progress_bar(task: Task, config: DecodeConfig, total: int, done: int = 0,

@@ -169,7 +169,7 @@ def test_speculative_equals_its_rule_for_any_head(block_size, lookahead, thresho
         assert any(len(row) == MAX_NEW[block_size] for row in rule.token_ids), "every row stopped"
         config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
                               threshold=threshold, max_new_tokens=MAX_NEW[block_size],
-                              stop_token_ids=run.stops)
+                              stop_token_ids=run.stops, adaptive=False)
         for name, make_head in HEADS.items():
             result = decode(model, run.prompts, config, make_head(model, seed + lookahead))
             assert result.token_ids == rule.token_ids, (
@@ -202,7 +202,8 @@ def test_runs_of_multi_token_drafts(block_size):
                for i, n in enumerate(LENGTHS)]
     want = decode(model, prompts, rule)
     config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=3,
-                          threshold=0.3, max_new_tokens=MAX_NEW[block_size], stop_token_ids=())
+                          threshold=0.3, max_new_tokens=MAX_NEW[block_size], stop_token_ids=(),
+                          adaptive=False)
     got = decode(model, prompts, config, zero_head(model))
     assert got.token_ids == want.token_ids, describe_mismatch(got.token_ids, want.token_ids)
     assert sum(got.stats.accept_histogram[2:]) > 0, got.stats.accept_histogram
@@ -233,7 +234,7 @@ def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped, th
     run = rule_run(seed, block_size, damped, threshold)
     config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
                           threshold=threshold, max_new_tokens=MAX_NEW[block_size],
-                          stop_token_ids=run.stops)
+                          stop_token_ids=run.stops, adaptive=False)
     batch = decode(model, run.prompts, config, head)
     solos = [decode(model, [prompt], config, head) for prompt in run.prompts]
     for index, (row, solo) in enumerate(zip(batch.token_ids, solos)):
@@ -350,7 +351,7 @@ def test_speculative_matches_reference(block_size, lookahead, head_kind, damped,
     head = HEADS[head_kind](model, 7)
     config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
                           threshold=threshold, max_new_tokens=MAX_NEW[block_size],
-                          stop_token_ids=())
+                          stop_token_ids=(), adaptive=False)
     rule = DecodeConfig(mode="dynamic", threshold=threshold, block_size=block_size,
                         max_new_tokens=MAX_NEW[block_size], stop_token_ids=())
     for prompt, trace in check_reference(model, head, config):
@@ -380,7 +381,7 @@ def test_stats_definitions(mode):
     model, lookahead = backbone(0, 4), 3
     head = random_head(model, 0, norm=0.3)
     config = DecodeConfig(mode=mode, lookahead=lookahead, threshold=0.3, max_new_tokens=13,
-                          stop_token_ids=())
+                          stop_token_ids=(), adaptive=False)
     prompt = prompt_of(9, 1)
     result = decode(model, [prompt], config, head)
     stats = result.stats
