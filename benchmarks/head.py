@@ -77,11 +77,12 @@ def build_backbone(args: argparse.Namespace) -> Backbone:
     return random_model(config, 0.02, args.device)
 
 
-def paired_medians(device: str, fns: list, repeats: int) -> list[float]:
+def paired_medians(device: str, fns: list, repeats: int, warmup: int = 1) -> list[float]:
     """Median seconds of each fn, timed in turn within every repeat, so that load changes on
-    a shared machine hit all of them alike."""
-    for fn in fns:
-        fn()  # warm-up, not timed
+    a shared machine hit all of them alike; `warmup` untimed rounds of every fn first."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()  # warm-up, not timed
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for fn, spent in zip(fns, times):
