@@ -33,10 +33,11 @@ forward attends over all cache slots: prefix + 6 blocks, rounded up to 256 as
 Costs are reported in denoise forwards (verify M = x denoise forwards, head step = y) and in
 milliseconds. From them and a given acceptance (`--accepted`, default: what the embedded
 model and head accept) it PROJECTS the speedup of speculative decoding over the rule it
-reproduces: a round costs verify(K+1) + K head steps and advances 1 + accepted steps of the
-rule; the rule costs one denoise forward per step. A projection, not a measured speed: it
-leaves out the rounds cut short at a block's end, the pick and accept arithmetic, host
-syncs and prefill, and assumes the embedded model's acceptance at every size.
+reproduces: a round of a fixed lookahead K (`--no-adaptive`) costs verify(K+1) + K head
+steps and advances 1 + accepted steps of the rule; the rule costs one denoise forward per
+step. A projection, not a measured speed: it leaves out the rounds cut short at a block's
+end, the pick and accept arithmetic, host syncs and prefill, and assumes the embedded
+model's acceptance at every size.
 
 Prints both tables, then one JSON line last (config, commit, hardware, results); `--out DIR`
 also writes DIR/round_cost.json and DIR/round_cost.md.
