@@ -53,8 +53,7 @@ class Trace:
 
     token_ids: list[int] = field(default_factory=list)  # generated ids, trimmed
     blocks: int = 0  # decode blocks run
-    steps: int = 0  # direct / remask: backbone steps; speculative: draft/verify rounds
-    verifies: int = 0  # speculative: rounds whose candidates needed a verify forward
+    steps: int = 0  # direct / remask: backbone steps; speculative: rounds with head drafts
     head_calls: int = 0  # head forwards
     histogram: list[int] = field(default_factory=list)  # speculative rounds by head drafts accepted
     revoked: int = 0  # remask: proposals sent back to mask (confidence) or vetoed (delta)
@@ -168,10 +167,9 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
                 break
             accepted += 1
         sequence[start:start + block_size] = drafts[accepted - 1]
-        trace.histogram[accepted - 1] += 1
-        trace.steps += 1
-        # The library's verify forward holds S_1 .. S_m, less a last one without masks.
-        trace.verifies += len(drafts) - (mask_token_id not in drafts[-1]) > 0
+        if len(drafts) > 1:  # a round: head drafts were made and verified in one forward
+            trace.histogram[accepted - 1] += 1
+            trace.steps += 1
 
 
 def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,

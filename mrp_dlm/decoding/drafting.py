@@ -11,9 +11,10 @@ drafts so far (`Acceptance`, one rate for every depth: on the embedded model it 
 little with depth), raised to the j-th power. The costs are timed once per batch size
 on the decode itself (`measure_costs`): a denoise forward, a two-copy verify forward and
 a head step, so that a busy CPU, a GPU and a large batch each get their own answer. When
-no draft pays, a round is the rule's own step and its verify forward holds that one
-state: exactly the rule's cost, plus every `EXPLORE_EVERY`-th round trying one draft so
-that a rate which has grown is seen.
+no draft pays, a round is the rule's own step at exactly the rule's cost; every
+`EXPLORE_EVERY`-th such round tries one draft, so that a rate which has grown is seen,
+for as long as the rate plus two standard errors would still pay (a draft whose cost
+exceeds 1, as a verify copy at batch 8 on a CPU, is never explored).
 
 The output never depends on any of this: every committed state is still the backbone's
 own step (see `speculative.py`). Only the work per round does.
@@ -23,12 +24,13 @@ Shapes: B batch, L block size.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import torch
 
-EXPLORE_EVERY = 8  # rounds without a paying draft between two exploring drafts
+EXPLORE_EVERY = 8  # rounds without a paying draft between two exploring drafts (while plausible)
 TIMING_REPEATS = 7  # timed runs per measured call (after one warm-up); the fastest counts
 
 
@@ -72,9 +74,16 @@ class Acceptance:
             if reach <= costs.per_draft:
                 break
             drafts += 1
-        if drafts == 0 and most > 0 and self.rounds % EXPLORE_EVERY == 0:
+        if drafts == 0 and most > 0 and self.rounds % EXPLORE_EVERY == 0 \
+                and self.optimistic_rate > costs.per_draft:
             return 1
         return drafts
+
+    @property
+    def optimistic_rate(self) -> float:
+        """The rate plus two standard errors: exploring stops once even this does not pay."""
+        rate = self.rate
+        return rate + 2 * math.sqrt(rate * (1 - rate) / (self.tried + 2))
 
 
 def seconds(run, device: torch.device) -> float:

@@ -325,7 +325,7 @@ def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule:
     stats.row_forwards, stats.row_denoise_forwards = counters.row_forwards.tolist()
     histogram = counters.histogram.tolist()
     stats.rounds, stats.accepted = sum(histogram), sum(i * n for i, n in enumerate(histogram))
-    stats.accept_histogram = histogram if stats.rounds else []
+    stats.accept_histogram = histogram if len(histogram) > 1 else []  # speculative only
     stats.tokens = sum(len(ids) for ids in out)
     stats.seconds = time.perf_counter() - began
     return DecodeResult(token_ids=out, stats=stats)

@@ -142,16 +142,14 @@ class SpeculativeDecoder:
         context.counters.add_head_steps(drafts.states.shape[1] - 1)
         v = drafts.verified
         if drafts.states.shape[1] == 1:  # no head draft: the rule's own step, as the rule
-            context.counters.add_rounds(torch.zeros_like(drafts.valid[:, 0], dtype=torch.long),
-                                        drafts.valid[:, 0])  # runs it (the driver denoises next)
-            return Advance(drafts.states[:, 0])
+            return Advance(drafts.states[:, 0])  # runs it (the driver denoises next); no round
         check = context.verify(drafts.states[:, :v].reshape(B, v * L))
         frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
         accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
                           context.schedule.mask_token_id, rows.positions, threshold)  # (B,)
         head_accepted = (accepted - 1).clamp_min(0)  # (B,)
-        context.counters.add_rounds(head_accepted, drafts.valid[:, 0])
-        if self.config.adaptive and drafts.states.shape[1] > 1:
+        context.counters.add_rounds(head_accepted, drafts.valid[:, 1])  # rows with head drafts
+        if self.config.adaptive:
             self.acceptance.record(head_accepted, drafts.valid[:, 1:].sum(dim=1))
         return take_accepted(drafts, check, accepted, rows.tokens, step.base)
 

@@ -18,8 +18,8 @@ class DecodeStats:
     committed: int = 0  # positions revealed by the decoder, summed over rows
     row_forwards: int = 0  # backbone forwards times the rows still generating in each
     row_denoise_forwards: int = 0  # the same for denoise and verify forwards only
-    rounds: int = 0  # speculative draft/verify rounds, summed over rows
-    accepted: int = 0  # drafts accepted in those rounds, summed over rows
+    rounds: int = 0  # speculative rounds (steps with head drafts, verified), summed over rows
+    accepted: int = 0  # head drafts accepted in those rounds, summed over rows
     accept_histogram: list[int] = field(default_factory=list)  # rounds by drafts accepted
     seconds: float = 0.0  # wall time of the call
 

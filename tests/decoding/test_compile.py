@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 LENGTHS = (3, 8, 5, 12)
 CONFIGS = [DecodeConfig(max_new_tokens=13, stop_token_ids=()),
            DecodeConfig(mode="dynamic", threshold=0.3, max_new_tokens=13, stop_token_ids=()),
-           DecodeConfig(mode="speculative", lookahead=2, max_new_tokens=13, stop_token_ids=()),
+           DecodeConfig(mode="speculative", lookahead=2, threshold=0.3, adaptive=False,
+                        max_new_tokens=13, stop_token_ids=()),
            DecodeConfig(mode="direct", lookahead=1, max_new_tokens=13, stop_token_ids=())]
 
 

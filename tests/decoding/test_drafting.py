@@ -2,7 +2,7 @@
 
 - the acceptance counts and the plan: drafts only while P(all accepted) beats the cost of a
   draft, the lookahead is the most, an exploring draft every EXPLORE_EVERY-th round that
-  would run none;
+  would run none while drafting could still pay;
 - the timing of the three calls the costs come from (sleep-based, so not machine-bound);
 - end to end on a tiny model: whatever the plan (every draft, none, the measured one) the
   output equals the rule's token for token, a decoder that never drafts costs exactly the
@@ -47,12 +47,19 @@ def test_plan_runs_the_drafts_that_pay(accepted, tried, per_draft, most, want):
     assert acceptance.plan(RoundCosts(head_step=per_draft / 2, copy=per_draft / 2), most) == want
 
 
-def test_plan_explores_when_no_draft_pays():
+def test_plan_explores_while_drafting_could_pay():
     acceptance = Acceptance()
-    expensive = RoundCosts(head_step=1.0, copy=1.0)
-    plans = [acceptance.plan(expensive, 3) for _ in range(3 * EXPLORE_EVERY)]
+    costly = RoundCosts(head_step=0.3, copy=0.3)  # 0.6 > 0.5, the rate before any data
+    plans = [acceptance.plan(costly, 3) for _ in range(3 * EXPLORE_EVERY)]
     assert plans.count(1) == 3 and set(plans) == {0, 1}
     assert all(plans[i] == 1 for i in range(EXPLORE_EVERY - 1, len(plans), EXPLORE_EVERY))
+    # Once even the rate plus two standard errors does not pay, exploring stops...
+    rejected = Acceptance(tried=100, accepted=10)
+    assert rejected.optimistic_rate < costly.per_draft
+    assert not any(rejected.plan(costly, 3) for _ in range(3 * EXPLORE_EVERY))
+    # ... and a draft that costs more than a forward is never explored.
+    expensive = RoundCosts(head_step=0.5, copy=0.7)
+    assert not any(Acceptance().plan(expensive, 3) for _ in range(3 * EXPLORE_EVERY))
 
 
 def test_measure_costs_in_denoise_forwards():
@@ -104,10 +111,9 @@ def test_any_plan_equals_the_rule(threshold, costs):
             random_head(model, 1, norm=0.3)))
         assert (stats.verify_forwards, stats.head_forwards) == (
             fixed.stats.verify_forwards, fixed.stats.head_forwards)
-    if costs == RoundCosts(5.0, 5.0):  # only the exploring rounds draft, one draft each
-        assert stats.head_forwards == stats.verify_forwards <= stats.rounds // EXPLORE_EVERY
-        assert (stats.denoise_forwards + stats.verify_forwards
-                == want.stats.denoise_forwards)  # the rule's forwards exactly
+    if costs == RoundCosts(5.0, 5.0):  # no draft could ever pay: the rule itself
+        assert stats.head_forwards == stats.verify_forwards == 0
+        assert stats.denoise_forwards == want.stats.denoise_forwards
 
 
 def test_pipeline_keeps_one_decoder_per_config(saved_model_and_head):

@@ -241,10 +241,11 @@ def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped, th
         assert row == solo.token_ids[0], f"row {index}: batch {row} != solo {solo.token_ids[0]}"
         assert row == run.result.token_ids[index]
         # Batch 1: one seed forward per block (the rest are verify forwards); every block's
-        # seed but the first also stored the block before it. A round verifies unless its
-        # first draft (the backbone's own step) finished the block.
+        # seed but the first also stored the block before it. A round (a step with head
+        # drafts) is one verify forward; a step whose first draft (the backbone's own step)
+        # finished the block is no round.
         assert solo.stats.denoise_forwards == solo.stats.store_forwards + 1
-        assert solo.stats.verify_forwards <= solo.stats.rounds
+        assert solo.stats.verify_forwards == solo.stats.rounds
     stats = batch.stats
     summed = [sum(s.stats.accept_histogram[i] for s in solos) for i in range(lookahead + 1)]
     assert stats.accept_histogram == summed, f"batch {stats.accept_histogram} != solo sum {summed}"
@@ -252,8 +253,7 @@ def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped, th
     assert stats.accepted == sum(s.stats.accepted for s in solos)
     assert stats.accepted == sum(i * n for i, n in enumerate(summed))
     assert stats.committed == sum(s.stats.committed for s in solos)
-    if threshold == 1.0:  # one token per accepted draft
-        assert stats.committed == stats.rounds + stats.accepted
+    assert stats.committed >= stats.rounds + stats.accepted
     assert stats.tokens == sum(len(row) for row in batch.token_ids)
     # A batched verify forward serves every row at once: at least the slowest row's rounds,
     # at most the rows' rounds laid end to end.
@@ -319,8 +319,7 @@ def check_reference(model, head, config, lengths=(8, 6)):
         assert stats.head_forwards == trace.head_calls
         if config.mode == "speculative":
             assert stats.denoise_forwards == trace.blocks  # one seed per block, no more
-            assert stats.verify_forwards == trace.verifies
-            assert stats.rounds == trace.steps
+            assert stats.verify_forwards == stats.rounds == trace.steps
             assert stats.accept_histogram == trace.histogram
         else:
             assert stats.denoise_forwards == trace.steps
@@ -407,8 +406,8 @@ def test_stats_definitions(mode):
         assert stats.verify_forwards == 0
     else:
         assert stats.denoise_forwards == blocks  # the seed forwards
-        assert stats.head_forwards <= lookahead * stats.rounds
-        assert stats.verify_forwards <= stats.rounds
+        assert stats.rounds <= stats.head_forwards <= lookahead * stats.rounds
+        assert stats.verify_forwards == stats.rounds
         assert len(stats.accept_histogram) == lookahead + 1
         assert sum(stats.accept_histogram) == stats.rounds
         assert stats.accepted == sum(i * n for i, n in enumerate(stats.accept_histogram))

@@ -13,7 +13,7 @@ from mrp_dlm.eval.grid import DEFAULT_GRID, grid_label, parse_grid, rule_of, set
 from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.pipeline import Pipeline
 
-BASE = DecodeConfig(max_new_tokens=8)
+BASE = DecodeConfig(max_new_tokens=8, adaptive=False)  # speculative rows draft every round
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -47,7 +47,8 @@ def test_sglang_speculative_equals_our_dynamic_and_speculative(pipeline, tmp_pat
                          rule.token_ids)
     assert len(stable) >= len(PROMPTS) - 1, f"only prompts {stable} are stable"
     ours = pipeline.generate(PROMPTS, DecodeConfig(mode="speculative", lookahead=LOOKAHEAD,
-                                                   max_new_tokens=MAX_NEW), chat=True)
+                                                   adaptive=False, max_new_tokens=MAX_NEW),
+                             chat=True)
     assert [ours.token_ids[i] for i in stable] == [rule.token_ids[i] for i in stable]
     config = tmp_path / "mrp.yaml"
     config.write_text(f"head: {embedded_head_dir()}\nlookahead: {LOOKAHEAD}\n")
