@@ -8,9 +8,10 @@ head draft j only while
 
 with both costs in denoise forwards. P is the running acceptance rate of the rows' head
 drafts so far (`Acceptance`, one rate for every depth: on the embedded model it varies
-little with depth), raised to the j-th power. The costs are timed once per batch size
-on the decode itself (`measure_costs`): a denoise forward, a two-copy verify forward and
-a head step, so that a busy CPU, a GPU and a large batch each get their own answer. When
+little with depth), raised to the j-th power. The costs are learnt per batch size from
+the decode's own first rounds (`CostProbe`: a one-copy forward, a verify forward of
+several copies and head steps, timed; no forward runs for the measurement alone), so that
+a busy CPU, a GPU and a large batch each get their own answer. When
 no draft pays, a round is the rule's own step at exactly the rule's cost; every
 `EXPLORE_EVERY`-th such round tries one draft, so that a rate which has grown is seen,
 for as long as the rate plus two standard errors would still pay (a draft whose cost
@@ -26,12 +27,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 EXPLORE_EVERY = 8  # rounds without a paying draft between two exploring drafts (while plausible)
-TIMING_REPEATS = 7  # timed runs per measured call (after one warm-up); the fastest counts
+TIMING_REPEATS = 6  # timed samples of each cost before the plan uses them; the fastest counts
 
 
 @dataclass(frozen=True)
@@ -86,13 +87,23 @@ class Acceptance:
         return rate + 2 * math.sqrt(rate * (1 - rate) / (self.tried + 2))
 
 
-def seconds(run, device: torch.device) -> float:
-    """Wall seconds of one `run()` (synchronised on CUDA)."""
-    sync(device)
-    began = time.perf_counter()
-    run()
-    sync(device)
-    return time.perf_counter() - began
+class Timer:
+    """Wall seconds between `start()` and `stop()`, synchronised on CUDA; a disabled timer
+    (every round but a probe round) neither syncs nor reads the clock and returns 0."""
+
+    def __init__(self, device: torch.device, enabled: bool) -> None:
+        self.device, self.enabled, self.began = device, enabled, 0.0
+
+    def start(self) -> None:
+        if self.enabled:
+            sync(self.device)
+            self.began = time.perf_counter()
+
+    def stop(self) -> float:
+        if not self.enabled:
+            return 0.0
+        sync(self.device)
+        return time.perf_counter() - self.began
 
 
 def sync(device: torch.device) -> None:
@@ -100,16 +111,42 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_costs(forward, head_step, block: torch.Tensor) -> RoundCosts:
-    """Time forward(one copy), forward(two copies) and head_step() on block (B, L).
+@dataclass
+class CostProbe:
+    """Learns the round costs of one batch size from rounds the decoder runs anyway.
 
-    forward: (B, M*L) block copies -> anything, uncounted and writing scratch slots only.
-    The three calls run interleaved, TIMING_REPEATS times after one warm-up, and each
-    keeps its fastest time: other work on the machine only ever adds time.
+    Probe rounds alternate between the rule's own step with its forward as a one-copy
+    verify (what the rule itself would run: timed as one forward) and a full-lookahead
+    round (its head steps and its verify forward of v copies timed). No forward is run for
+    the measurement alone. Each cost keeps its fastest sample: other work on the machine
+    only ever adds time.
     """
-    runs = (lambda: forward(block), lambda: forward(block.repeat(1, 2)), head_step)
-    for run in runs:
-        run()
-    times = [[seconds(run, block.device) for run in runs] for _ in range(TIMING_REPEATS)]
-    one, two, step = (min(column) for column in zip(*times))
-    return RoundCosts(head_step=step / one, copy=max(two - one, 0.0) / one)
+
+    lookahead: int  # K: the probe rounds' drafts
+    forward: list[float] = field(default_factory=list)  # seconds of one-copy forwards
+    copies: dict[int, list[float]] = field(default_factory=dict)  # v -> verify seconds
+    head_steps: list[float] = field(default_factory=list)  # seconds per head step
+
+    def next_drafts(self) -> int:
+        """Head drafts of the next probe round: 0 (time a forward) or the lookahead."""
+        return 0 if len(self.forward) <= len(self.head_steps) else self.lookahead
+
+    def add_forward(self, seconds: float) -> None:
+        self.forward.append(seconds)
+
+    def add_round(self, head_steps: int, draft_seconds: float, copies: int,
+                  verify_seconds: float) -> None:
+        if head_steps:
+            self.head_steps.append(draft_seconds / head_steps)
+        self.copies.setdefault(copies, []).append(verify_seconds)
+
+    def costs(self) -> RoundCosts | None:
+        """The costs, once TIMING_REPEATS samples of a forward, a head step and a verify of
+        more than one copy are in; else None."""
+        wider = {v: min(t) for v, t in self.copies.items() if v > 1}
+        if min(len(self.forward), len(self.head_steps)) < TIMING_REPEATS or not wider:
+            return None
+        one = min(self.forward)
+        v = max(wider)
+        return RoundCosts(head_step=min(self.head_steps) / one,
+                          copy=max(wider[v] - one, 0.0) / (one * (v - 1)))

@@ -37,9 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.drafting import Acceptance, RoundCosts, measure_costs
+from mrp_dlm.decoding.drafting import Acceptance, CostProbe, RoundCosts, Timer
 from mrp_dlm.decoding.driver import BlockContext
-from mrp_dlm.decoding.sampling import GREEDY, propose
 from mrp_dlm.decoding.selection import threshold_pick
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.model.head import HeadBackbone, MRPHead
@@ -132,41 +131,58 @@ class SpeculativeDecoder:
         self.config, self.head = config, head
         self.copies = config.lookahead + 1
         self.acceptance = Acceptance()
-        self.costs: dict[int, RoundCosts] = {}  # by batch size
+        self.costs: dict[int, RoundCosts] = {}  # by batch size, once known
+        self.probes: dict[int, CostProbe] = {}  # by batch size, while learning the costs
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows, threshold = step.rows, self.config.threshold
         B, L = rows.tokens.shape
-        copies = 1 + self.head_drafts(context, step)
-        drafts = draft(self.head, context.model, step.base, rows, copies, threshold)
-        context.counters.add_head_steps(drafts.states.shape[1] - 1)
-        v = drafts.verified
-        if drafts.states.shape[1] == 1:  # no head draft: the rule's own step, as the rule
-            return Advance(drafts.states[:, 0])  # runs it (the driver denoises next); no round
+        probe = self.probe(B)
+        timer = Timer(rows.tokens.device, enabled=probe is not None)
+        timer.start()
+        drafts = draft(self.head, context.model, step.base, rows, 1 + self.head_drafts(B),
+                       threshold)
+        draft_seconds = timer.stop()
+        m, v = drafts.states.shape[1], drafts.verified
+        context.counters.add_head_steps(m - 1)
+        if v == 0 or (m == 1 and probe is None):  # no head draft: the rule's own step, as
+            return Advance(drafts.states[:, 0])  # the rule runs it (the driver denoises next)
+        timer.start()
         check = context.verify(drafts.states[:, :v].reshape(B, v * L))
+        if probe:
+            seconds = timer.stop()
+            if m == 1:
+                probe.add_forward(seconds)
+            else:
+                probe.add_round(m - 1, draft_seconds, v, seconds)
+            self.learn_costs(B)
         frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
         accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
                           context.schedule.mask_token_id, rows.positions, threshold)  # (B,)
         head_accepted = (accepted - 1).clamp_min(0)  # (B,)
-        context.counters.add_rounds(head_accepted, drafts.valid[:, 1])  # rows with head drafts
-        if self.config.adaptive:
-            self.acceptance.record(head_accepted, drafts.valid[:, 1:].sum(dim=1))
+        if m > 1:
+            context.counters.add_rounds(head_accepted, drafts.valid[:, 1])  # rows that drafted
+            if self.config.adaptive:
+                self.acceptance.record(head_accepted, drafts.valid[:, 1:].sum(dim=1))
         return take_accepted(drafts, check, accepted, rows.tokens, step.base)
 
-    def head_drafts(self, context: BlockContext, step: Step) -> int:
-        """Head drafts this round runs: lookahead, or with `adaptive` those that pay."""
+    def probe(self, B: int) -> CostProbe | None:
+        """The cost probe of batch size B while its costs are unknown (adaptive only)."""
+        if not self.config.adaptive or B in self.costs:
+            return None
+        return self.probes.setdefault(B, CostProbe(self.config.lookahead))
+
+    def learn_costs(self, B: int) -> None:
+        costs = self.probes[B].costs()
+        if costs is not None:
+            self.costs[B] = costs
+            del self.probes[B]
+
+    def head_drafts(self, B: int) -> int:
+        """Head drafts this round runs: lookahead; with `adaptive`, those that pay (or the
+        next probe round's while the costs of batch size B are being learnt)."""
         if not self.config.adaptive:
             return self.config.lookahead
-        B = step.rows.tokens.shape[0]
         if B not in self.costs:
-            self.costs[B] = measure_costs(context.forward, lambda: self.head_step(context, step),
-                                          step.rows.tokens)
+            return self.probes[B].next_drafts()
         return self.acceptance.plan(self.costs[B], self.config.lookahead)
-
-    def head_step(self, context: BlockContext, step: Step) -> None:
-        """One head step and the rule's pick on its logits, as drafting runs them (timed)."""
-        rows = step.rows
-        accumulator = self.head.advance(context.model, rows.tokens, step.base.hidden,
-                                        rows.positions)  # (B, L, H)
-        propose(context.model.logits(accumulator), context.schedule.mask_token_id, GREEDY,
-                rows.positions, 0)
