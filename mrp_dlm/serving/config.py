@@ -4,6 +4,8 @@
                             # (speculative) / commits per forward (direct)
     threshold: 0.9          # MrpSpeculative only, optional, default DecodeConfig's: the
                             # LowConfidence threshold it reproduces (1.0: static decoding)
+    adaptive: true          # MrpSpeculative only, optional, default DecodeConfig's: run only
+                            # the head drafts that measured acceptance and cost say pay off
     head: /path/to/head     # MRP head directory (config.json + model.safetensors)
     block_size: 16          # optional; else the model's config.json, else the SDAR default 4
     mask_token_id: 151669   # optional; else the model's config.json, else the SDAR default
@@ -43,6 +45,7 @@ class MrpServingConfig:
     head: str  # MRP head directory, trained on this model at this block size
     lookahead: int = DecodeConfig.lookahead  # K: head steps per round (the library's default)
     threshold: float | None = None  # MrpSpeculative's rule; None: the library's default
+    adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: draft only what pays (as the library)
     block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
     mask_token_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
     capture_input_preparation: bool = True  # SGLang's own key; accepted and passed through
@@ -53,6 +56,8 @@ class MrpServingConfig:
         if not isinstance(self.lookahead, int) or isinstance(self.lookahead, bool) \
                 or self.lookahead < 1:
             raise ServingConfigError(f"lookahead must be an integer >= 1, got {self.lookahead!r}")
+        if not isinstance(self.adaptive, bool):
+            raise ServingConfigError(f"adaptive must be true or false, got {self.adaptive!r}")
         if self.threshold is not None and (
                 not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool)
                 or not 0.0 < self.threshold <= 1.0):

@@ -15,6 +15,11 @@ request has a mask left), S_1 (the backbone's own threshold step) is accepted at
 the own row carries S_m next round. So a request without
 scratch rows still advances one exact threshold step per forward.
 
+With `adaptive` (the YAML's, default on) the chain drafts only the head drafts that pay
+(`decoding/drafting.py`: the acceptance measured so far against the cost of a head step
+and a row per request, learnt per batch-size bucket from this server's own timed
+forwards); with none, a request's next forward is its one row, as `LowConfidence`'s.
+
 Scratch rows and slots are freed inside the same call. Acceptance is per request: no
 request waits for another. The rule is `LowConfidence`'s at the YAML's `threshold` (every
 masked position above it, else the most confident; 1.0: static decoding, one token per
@@ -35,6 +40,7 @@ from typing import Optional
 
 import torch
 
+from mrp_dlm.decoding.drafting import Acceptance, CostProbe, RoundCosts, Timer
 from mrp_dlm.decoding.speculative import Drafts, accept, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
@@ -73,24 +79,35 @@ class Counts:
 class MrpSpeculative(MrpAlgorithm):
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.copies = self.lookahead + 1
         self.threshold = self.serving.speculative_threshold
         self.counts = Counts()
+        self.acceptance = Acceptance()  # of this server's head drafts
+        self.costs: dict[int, RoundCosts] = {}  # by batch-size bucket, once known
+        self.probes: dict[int, CostProbe] = {}  # by bucket, while learning the costs
+        self.last_draft = (0, 0.0)  # head steps and seconds of the last (probe) drafting
 
     def run(self, model_runner, forward_batch, algo_states=None):
         head, host = self.model_parts(model_runner)
         B, L = forward_batch.batch_size, self.block_size
+        bucket = 1 << (B - 1).bit_length()  # 1, 2, 4, 8, ...: costs are kept per bucket
+        probe = self.probe(bucket)
+        timer = Timer(forward_batch.input_ids.device, enabled=probe is not None)
         states = self.carried_states(forward_batch, algo_states)
         scratch = Scratch(model_runner)
         try:
             rounds = self.plan_rounds(scratch, forward_batch, states)
+            timer.start()
             out, logits, hidden = self.forward_rounds(model_runner, forward_batch, scratch,
                                                       rounds)
+            seconds = timer.stop()
         finally:
             scratch.release()
+        if probe is not None:
+            self.sample(probe, bucket, rounds, seconds)
         positions = forward_batch.positions.view(B, L).long()  # (B, L)
         seeds = self.settle(states, rounds, logits, hidden, positions)
-        done = self.finish_or_draft(head, host, states, rounds, seeds, positions)
+        done = self.finish_or_draft(head, host, states, rounds, seeds, positions,
+                                    1 + self.head_drafts(bucket), timer)
         next_ids = [state.accepted if d or state.drafts is None else state.drafts.states[0, -1]
                     for state, d in zip(states, done)]
         forward_batch.input_ids.copy_(torch.stack(next_ids).view(-1))
@@ -111,9 +128,9 @@ class MrpSpeculative(MrpAlgorithm):
         """Verify pending drafts where rows and slots allow; otherwise one row (exact)."""
         rounds = []
         for index, state in enumerate(states):
-            if state.drafts is not None and reserve(scratch, forward_batch, index,
-                                                    state.drafts.states.shape[1] - 1,
-                                                    self.block_size):
+            extra = 0 if state.drafts is None else state.drafts.states.shape[1] - 1
+            if state.drafts is not None and (extra == 0 or reserve(
+                    scratch, forward_batch, index, extra, self.block_size)):
                 rounds.append(Round(state.drafts.states[0], verifying=True))
             else:
                 state.drafts = None  # the fallback: one exact step from the accepted state
@@ -144,6 +161,9 @@ class MrpSpeculative(MrpAlgorithm):
             if round_.verifying:
                 n = int(accept(state.drafts, logits[None, row:row + m], state.prompt[None],
                                self.mask_id, positions[index:index + 1], self.threshold)[0])
+                if m > 1 and self.serving.adaptive:
+                    self.acceptance.record(torch.tensor([n - 1]),
+                                           state.drafts.valid[0, 1:].sum()[None])
                 state.accepted = state.drafts.states[0, n - 1]
                 seeds.append((logits[row + n - 1], hidden[row + n - 1]))
             else:
@@ -152,7 +172,8 @@ class MrpSpeculative(MrpAlgorithm):
         return seeds
 
     def finish_or_draft(self, head, host, states: list[BlockState], rounds: list[Round],
-                        seeds, positions: torch.Tensor) -> list[bool]:
+                        seeds, positions: torch.Tensor, copies: int, timer: Timer
+                        ) -> list[bool]:
         """Done blocks, stores, and new drafts (one batched head chain) for the rest.
 
         Draft 1 is the backbone's own step on the seed, so it is accepted at once: even
@@ -169,26 +190,63 @@ class MrpSpeculative(MrpAlgorithm):
             else:
                 done.append(False)  # store: the next round forwards the clean block alone
         if to_draft:
-            self.draft_for(head, host, [states[i] for i in to_draft],
-                           [seeds[i] for i in to_draft], positions[to_draft])
+            timer.start()
+            m = self.draft_for(head, host, [states[i] for i in to_draft],
+                               [seeds[i] for i in to_draft], positions[to_draft], copies)
+            self.last_draft = (m - 1, timer.stop())
         return done
 
     def open_positions(self, state: BlockState) -> torch.Tensor:
         return (state.accepted == self.mask_id) & ~state.prompt  # (L,)
 
-    def draft_for(self, head, host, states: list[BlockState], seeds, positions: torch.Tensor
-                  ) -> None:
+    def draft_for(self, head, host, states: list[BlockState], seeds, positions: torch.Tensor,
+                  copies: int) -> int:
+        """Draft `copies` candidates (fewer once no request has a mask left) for every
+        request in one batched head chain; returns how many were drafted."""
         block = torch.stack([s.accepted for s in states])  # (R, L)
         eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
         seed = BackboneStep(hidden=torch.stack([hidden for _, hidden in seeds]),
                             logits=torch.stack([logits for logits, _ in seeds]))
-        drafts = draft(head, host, seed, BlockRows(block, eligible, positions), self.copies,
+        drafts = draft(head, host, seed, BlockRows(block, eligible, positions), copies,
                        self.threshold)
         for row, state in enumerate(states):
             state.accepted = drafts.states[row, 0]  # the backbone's own step: exact
             if bool(self.open_positions(state).any()):
                 state.drafts = Drafts(drafts.states[row:row + 1], drafts.valid[row:row + 1],
                                       drafts.finished)
+        return drafts.states.shape[1]
+
+    def probe(self, bucket: int) -> CostProbe | None:
+        """The cost probe of a batch-size bucket while its costs are unknown (adaptive)."""
+        if not self.serving.adaptive or bucket in self.costs:
+            return None
+        return self.probes.setdefault(bucket, CostProbe(self.lookahead))
+
+    def head_drafts(self, bucket: int) -> int:
+        """Head drafts the next round runs: lookahead, or with `adaptive` those that pay
+        (the next probe round's while the bucket's costs are being learnt)."""
+        if not self.serving.adaptive:
+            return self.lookahead
+        if bucket not in self.costs:
+            return self.probes[bucket].next_drafts()
+        return self.acceptance.plan(self.costs[bucket], self.lookahead)
+
+    def sample(self, probe: CostProbe, bucket: int, rounds: list[Round], seconds: float
+               ) -> None:
+        """A probe sample from this call's forward when every request held the same number
+        of rows: one (a plain forward), or the m candidates of the last drafting."""
+        sizes = {r.states.shape[0] for r in rounds}
+        if len(sizes) != 1:
+            return
+        m = sizes.pop()
+        if m == 1:
+            probe.add_forward(seconds)
+        elif all(r.verifying for r in rounds) and self.last_draft[0] == m - 1:
+            probe.add_round(m - 1, self.last_draft[1], m, seconds)
+        costs = probe.costs()
+        if costs is not None:
+            self.costs[bucket] = costs
+            del self.probes[bucket]
 
     def count_block(self, state: BlockState) -> None:
         self.counts.blocks += 1

@@ -7,6 +7,8 @@ a fake model runner (see `fake_engine.py`).
   16, K = 1..4, a useless (random) head and a good one (a zero head on a damped backbone,
   where long draft runs are accepted), several requests of mixed prompt lengths decoded
   together; with the good head it takes fewer forwards;
+- adaptive drafting (on by default) whatever the plan: every draft, none (then exactly
+  LowConfidence's forwards), or the costs probed on this machine;
 - the one-row static fallback (no rows or slots free for the drafts) is still exact, and
   every scratch row and slot is returned;
 - MrpDirect with a zero head == static decoding at 1 + K tokens per forward, and equals
@@ -37,6 +39,7 @@ from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from conftest import random_backbone, random_head, tiny_config  # noqa: E402
 from fake_engine import FakeRunner, serve  # noqa: E402
 from mrp_dlm.config import DecodeConfig, HeadConfig  # noqa: E402
+from mrp_dlm.decoding.drafting import RoundCosts  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
@@ -153,13 +156,40 @@ def test_speculative_equals_low_confidence(tmp_path, block_size, lookahead, thre
             head_dir = saved_head(tmp_path / f"{seed}-{name}", model, head)
             runner = runner_with_head(model, block_size, head_dir)
             algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
-                                                   lookahead=lookahead, threshold=threshold))
+                                                   lookahead=lookahead, threshold=threshold,
+                                                   adaptive=False))
             got = serve(runner, algorithm, prompts, max_new, MASK)
             assert tuple(tuple(r) for r in got) == want, f"seed {seed} head {name}"
             assert runner.req_to_token_pool.available_size() == runner.free_rows - len(prompts)
             if name == "good" and damped and threshold == 1.0:
                 assert runner.forwards < rule_forwards, (runner.forwards, rule_forwards)
             assert runner.forwards <= rule_forwards, (runner.forwards, rule_forwards)
+
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # every batch-size bucket a test batch can fall in
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.2])
+@pytest.mark.parametrize("costs", [RoundCosts(0.0, 0.0), RoundCosts(5.0, 5.0), None])
+def test_adaptive_speculative_equals_low_confidence(tmp_path, threshold, costs):
+    # Whatever the plan (every draft, none, or the costs probed on this machine), the
+    # output is LowConfidence's; with no draft paying it costs LowConfidence's forwards.
+    block_size, max_new = 4, MAX_NEW[4]
+    model = backbone(5, block_size, True)
+    want, rule_forwards = low_confidence(5, block_size, True, threshold)
+    head_dir = saved_head(tmp_path, model, MRPHead(model.config, HeadConfig(num_layers=1)))
+    runner = runner_with_head(model, block_size, head_dir)
+    algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
+                                           lookahead=3, threshold=threshold))
+    if costs is not None:
+        algorithm.costs = dict.fromkeys(BUCKETS, costs)
+    got = serve(runner, algorithm, rule_prompts(5, block_size, True, threshold), max_new, MASK)
+    assert tuple(tuple(r) for r in got) == want
+    assert runner.req_to_token_pool.available_size() == runner.free_rows - len(got)
+    if costs == RoundCosts(5.0, 5.0):
+        assert runner.forwards == rule_forwards and algorithm.acceptance.tried == 0
+    else:
+        assert runner.forwards <= rule_forwards and algorithm.acceptance.tried > 0
 
 
 def test_fallback_without_free_rows_is_exact(tmp_path):
@@ -171,7 +201,7 @@ def test_fallback_without_free_rows_is_exact(tmp_path):
     prompts = rule_prompts(0, 4, False)
     taken = runner.req_to_token_pool.alloc_rows(runner.free_rows - len(prompts) - 2)
     algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
-                                           lookahead=2, threshold=1.0))
+                                           lookahead=2, threshold=1.0, adaptive=False))
     got = serve(runner, algorithm, prompts, MAX_NEW[4], MASK)
     assert tuple(tuple(r) for r in got) == want
     assert runner.req_to_token_pool.available_size() == 2
@@ -222,6 +252,8 @@ def test_config_errors(tmp_path):
         MrpSpeculative(dllm_config("MrpSpeculative", 4, head=str(tmp_path / "nope")))
     with pytest.raises(ServingConfigError, match="lookahead"):
         MrpSpeculative(dllm_config("MrpSpeculative", 4, head=head_dir, lookahead=0))
+    with pytest.raises(ServingConfigError, match="adaptive must be true or false"):
+        MrpSpeculative(dllm_config("MrpSpeculative", 4, head=head_dir, adaptive="yes"))
     for bad in (0.0, 1.5, "high", True):
         with pytest.raises(ServingConfigError, match=r"threshold must be a number in \(0, 1\]"):
             MrpSpeculative(dllm_config("MrpSpeculative", 4, head=head_dir, threshold=bad))

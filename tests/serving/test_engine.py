@@ -68,7 +68,7 @@ def checkpoint(tmp_path_factory):
     save_backbone(model, root / "model")
     save_head(MRPHead(model.config, HeadConfig(num_layers=1)), model, root / "head")
     (root / "mrp.yaml").write_text(f"head: {root / 'head'}\nlookahead: 3\n"
-                                   f"threshold: {THRESHOLD}\n")
+                                   f"threshold: {THRESHOLD}\nadaptive: false\n")
     (root / "low.yaml").write_text(f"threshold: {THRESHOLD}\n")
     return root
 
