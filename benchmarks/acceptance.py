@@ -2,16 +2,17 @@
 
 Not a test (never collected by pytest). Decodes the first `--problems` test problems of
 each task (pooled; chat template, greedy, batch 1, one thread unless OMP_NUM_THREADS says
-otherwise) with `--mode speculative --lookahead K` at each threshold τ, once per head, and
-dynamic τ = 0.9 (no head) as the wall-clock reference:
+otherwise) with `--mode speculative --lookahead K` at each K and threshold τ, once per
+head, and dynamic τ = 0.9 (no head) as the wall-clock reference:
 
     OMP_NUM_THREADS=1 python benchmarks/acceptance.py zero mrp_dlm/assets/embedded-head runs/h1
 
 `zero` is a fresh 1-layer `MRPHead` (its final norm starts at zero, so C = 0: it predicts
-no change; its drafts are the rule's steps on the stale seed logits). Per head and τ it
-prints accepted drafts per round, the ratio to the zero head's, tokens per backbone forward
-(end to end) and the speed (tokens/s) over dynamic 0.9, measured in the same run: the
-speed is wall clock and noisy when other work shares the machine. One JSON line last.
+no change; its drafts are the rule's steps on the stale seed logits). Per head, K and τ it
+prints accepted drafts per round, the ratio to the zero head's (same K and τ), tokens per
+backbone forward (end to end) and the speed (tokens/s) over dynamic 0.9, measured just
+before in the same run: wall clock, noisy when other work shares the machine. One JSON
+line last.
 
 Speculative decoding is lossless: every head gives the same tokens (checked here: a row
 whose ids differ from the first head's is counted in `differ`).
@@ -58,35 +59,40 @@ def decode_all(pipe: Pipeline, prompts: list[list[int]], config: DecodeConfig,
 
 
 def measure(pipe: Pipeline, prompts: list[list[int]], heads: list[str], thresholds: list[float],
-            lookahead: int) -> list[dict]:
-    """One row per (head, τ), with the reference's tokens/s measured just before each."""
+            lookaheads: list[int]) -> list[dict]:
+    """One row per (head, K, τ), with the reference's tokens/s measured just before each."""
     rows, first_ids = [], {}
+    settings = [(k, t) for k in lookaheads for t in thresholds]
     for name in heads:
         head = head_named(name, pipe)
-        for threshold in thresholds:
+        for lookahead, threshold in settings:
             config = DecodeConfig(mode="speculative", lookahead=lookahead, threshold=threshold)
             decode_all(pipe, prompts[:2], config, head)  # warm-up, excluded
             reference, _ = decode_all(pipe, prompts, REFERENCE, None)
             stats, ids = decode_all(pipe, prompts, config, head)
             expected = first_ids.setdefault(threshold, ids)
-            rows.append({"head": name, "layers": head.config.num_layers, "threshold": threshold,
+            rows.append({"head": name, "layers": head.config.num_layers, "lookahead": lookahead,
+                         "threshold": threshold,
                          "accepted_per_round": round(stats.mean_accepted, 4),
                          "tokens_per_forward": round(stats.tokens_per_forward, 4),
                          "speed_vs_dynamic_0.9": round(stats.tokens_per_second
                                                        / reference.tokens_per_second, 3),
                          "differ": sum(a != b for a, b in zip(ids, expected))})
-    zero = {row["threshold"]: row["accepted_per_round"] for row in rows if row["head"] == ZERO}
+    zero = {(row["lookahead"], row["threshold"]): row["accepted_per_round"]
+            for row in rows if row["head"] == ZERO}
     for row in rows:
-        base = zero.get(row["threshold"])
+        base = zero.get((row["lookahead"], row["threshold"]))
         row["vs_zero"] = round(row["accepted_per_round"] / base, 3) if base else None
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| head | layers | τ | accepted/round | vs C=0 | tok/fwd | speed vs dynamic 0.9 | differ |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| head | layers | K | τ | accepted/round | vs C=0 | tok/fwd | speed vs dynamic 0.9 "
+          "| differ |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['head']} | {r['layers']} | {r['threshold']} | {r['accepted_per_round']:.3f} "
+        print(f"| {r['head']} | {r['layers']} | {r['lookahead']} | {r['threshold']} "
+              f"| {r['accepted_per_round']:.3f} "
               f"| {r['vs_zero'] or '-'} | {r['tokens_per_forward']:.3f} "
               f"| {r['speed_vs_dynamic_0.9']:.3f}x | {r['differ']} |")
 
@@ -98,16 +104,17 @@ def main() -> None:
     parser.add_argument("--tasks", default="arith,arith-code", help="comma-separated tasks")
     parser.add_argument("--problems", type=int, default=50, help="first test problems per task")
     parser.add_argument("--thresholds", default="0.9,1.0", help="comma-separated τ values")
-    parser.add_argument("--lookahead", type=int, default=3, help="K, head steps per round")
+    parser.add_argument("--lookaheads", default="3", help="comma-separated K (head steps)")
     args = parser.parse_args()
     pipe = Pipeline.load(args.model)
     tasks = [get_task(name) for name in args.tasks.split(",")]
     prompts = [pipe.encode(task.prompt(example), chat=True)
                for task in tasks for example in task.examples("test", args.problems)]
     thresholds = [float(value) for value in args.thresholds.split(",")]
-    rows = measure(pipe, prompts, args.heads, thresholds, args.lookahead)
+    lookaheads = [int(value) for value in args.lookaheads.split(",")]
+    rows = measure(pipe, prompts, args.heads, thresholds, lookaheads)
     print_table(rows)
-    print(json.dumps({"rows": rows, "problems": len(prompts), "lookahead": args.lookahead,
+    print(json.dumps({"rows": rows, "problems": len(prompts),
                       "git": provenance.git_commit(), "hardware": provenance.hardware("cpu")}))
 
 

@@ -226,7 +226,6 @@ class TrainConfig:
 
     out: str  # checkpoint directory (HF format + tokenizer + train_state.pt + logs)
     preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, sdar-4b or sdar-8b
-    burn_in_max: int = 0  # 0: chains start from SDAR-noised blocks; R > 0: from fully masked responses after 0..R of the backbone's own threshold steps per block (the states decoding visits)
     init_from: str | None = None  # checkpoint dir to train instead of a preset (with its tokenizer)
     block_size: int = 16  # L, diffusion block size the model is trained for
     tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from

@@ -44,7 +44,7 @@ from mrp_dlm.training.losses import without_mask_token
 class RevealPlan:
     """What each lookahead step reveals; drawn before the chain runs."""
 
-    rule: str  # "static"/"dynamic" (the backbone's step) or "random" (a random position, true token)
+    rule: str  # static, dynamic (the backbone's step) or random (random position, true token)
     keys: torch.Tensor  # (K, N, L) float32, random priorities (the random rule reveals the largest)
     counts: torch.Tensor  # (K, N) int64 >= 1, reveals per block per step (fewer if fewer masks)
     threshold: float = 1.0  # τ of the backbone's step (dynamic rule, commit loss); 1.0: static
