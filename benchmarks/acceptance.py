@@ -2,8 +2,9 @@
 
 Not a test (never collected by pytest). Decodes the first `--problems` test problems of
 each task (pooled; chat template, greedy, batch 1, one thread unless OMP_NUM_THREADS says
-otherwise) with `--mode speculative --lookahead K` at each K and threshold τ, once per
-head, and dynamic τ = 0.9 (no head) as the wall-clock reference:
+otherwise) with `--mode speculative --lookahead K --no-adaptive` (every round drafts K) at
+each K and threshold τ, once per head, and dynamic τ = 0.9 (no head) as the wall-clock
+reference:
 
     OMP_NUM_THREADS=1 python benchmarks/acceptance.py zero mrp_dlm/assets/embedded-head runs/h1
 
@@ -66,7 +67,8 @@ def measure(pipe: Pipeline, prompts: list[list[int]], heads: list[str], threshol
     for name in heads:
         head = head_named(name, pipe)
         for lookahead, threshold in settings:
-            config = DecodeConfig(mode="speculative", lookahead=lookahead, threshold=threshold)
+            config = DecodeConfig(mode="speculative", lookahead=lookahead, threshold=threshold,
+                                  adaptive=False)  # a fixed K: the head's drafts, every round
             decode_all(pipe, prompts[:2], config, head)  # warm-up, excluded
             reference, _ = decode_all(pipe, prompts, REFERENCE, None)
             stats, ids = decode_all(pipe, prompts, config, head)
