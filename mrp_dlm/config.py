@@ -267,7 +267,7 @@ class TrainConfig:
         return tuple(name.strip() for name in self.tasks.split(",") if name.strip())
 
 
-REVEAL_RULES = ("static", "random")
+REVEAL_RULES = ("static", "dynamic", "random")
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,11 @@ class HeadTrainConfig:
     head_layers: int = HeadConfig.num_layers  # decoder layers of the head
     init_std: float = HeadConfig.init_std  # std of the normal init of the head's matrices
     lookahead: int = 1  # K, chained head steps trained per batch (one reveal and teacher each)
-    reveal_rule: str = "random"  # random: a random masked position, true token; static: the backbone's pick
+    reveal_rule: str = "random"  # random: a random masked position, true token; static: the backbone's pick; dynamic: the backbone's threshold step at --threshold
+    threshold: float = DecodeConfig.threshold  # τ of the dynamic reveal rule and of the commit loss's teacher step (the decoding threshold; 1.0: static)
+    commit_weight: float = 0.0  # weight of the commit loss: CE of the teacher's next threshold step (positions, tokens) under A + sum C
+    burn_in_max: int = 0  # 0: chains start from SDAR-noised blocks; R > 0: from fully masked responses after 0..R of the backbone's own threshold steps per block (the states decoding visits)
+    init_from: str | None = None  # head dir whose weights start a fresh run (same head_layers); None: a seeded init
     reveal_max: int = 1  # reveals per block per step, drawn uniformly from 1..reveal_max
     block_size: int | None = None  # L; None means the model's
     tasks: str = "arith,arith-code"  # comma-separated task names the data comes from
@@ -318,6 +322,10 @@ class HeadTrainConfig:
             raise ValueError("tasks must name at least one task")
         if self.init_std <= 0:
             raise ValueError(f"init_std must be > 0, got {self.init_std}")
+        if not 0 < self.threshold <= 1 or self.commit_weight < 0 or self.burn_in_max < 0:
+            raise ValueError(f"threshold must be in (0, 1], commit_weight and burn_in_max "
+                             f">= 0, got {self.threshold}, {self.commit_weight} and "
+                             f"{self.burn_in_max}")
         check_optimiser_fields(self)
 
     @property

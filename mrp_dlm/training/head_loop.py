@@ -49,7 +49,8 @@ from mrp_dlm.training.distributed import (World, all_sum, finish_together, join_
                                           leave_world, shard_record, shard_rows, wrap_module)
 from mrp_dlm.training.head_batch import encode_batch
 from mrp_dlm.training.head_eval import HeldOutBatch, build_held_out, evaluate_head
-from mrp_dlm.training.head_loss import RevealPlan, chain_loss, chain_steps, draw_reveals
+from mrp_dlm.training.head_loss import (RevealPlan, advance_blocks, chain_loss, chain_steps,
+                                        draw_reveals)
 from mrp_dlm.training.noise import NoisyBatch, add_noise
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class StepInputs:
     noisy: NoisyBatch  # (B / world, T) x_t
     keys: torch.Tensor  # (K, B / world, T) float32 random reveal priorities
     counts: torch.Tensor  # (K, B / world, T) int64 reveals per block (constant within a block)
+    burn_in: torch.Tensor | None  # (B / world, T) int64 backbone steps before the chain, per block
     normaliser: float  # response tokens of the global batch / world size
     tokens: int  # sample tokens of the global batch (for tokens/s)
 
@@ -106,7 +108,14 @@ def checkpoint_layers(head: MRPHead) -> MRPHead:
 
 
 def build_head(config: HeadTrainConfig, backbone: Backbone) -> MRPHead:
-    """A seeded float32 head on the backbone's device (the global RNG is left untouched)."""
+    """A seeded float32 head on the backbone's device (the global RNG is left untouched),
+    or the head in `config.init_from` (float32) to fine-tune."""
+    if config.init_from is not None:
+        head = resume_head(config, Path(config.init_from), backbone)
+        if head.config.num_layers != config.head_layers:
+            raise ValueError(f"{config.init_from} has {head.config.num_layers} layers, not "
+                             f"head_layers ({config.head_layers})")
+        return head
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(config.seed, "head-init", 0))
         head = MRPHead(backbone.config, HeadConfig(config.head_layers, config.init_std))
@@ -180,11 +189,24 @@ def draw_step(config: HeadTrainConfig, schedule: BatchSchedule, step: int, mask_
     noisy = add_noise(batch.input_ids, batch.segment_ids, batch.response, mask_token_id, generator)
     keys, counts = draw_reveals(generator, config.batch_size, config.seq_len, block_size,
                                 config.lookahead, config.reveal_max)  # (K, B, T) each
+    burn_in = None
+    if config.burn_in_max:
+        noisy = fully_masked(batch, mask_token_id)
+        burn_in = torch.randint(0, config.burn_in_max + 1, (config.batch_size,
+                                config.seq_len // block_size), generator=generator)  # (B, T/L)
+        burn_in = shard_rows(burn_in.repeat_interleave(block_size, dim=1), world).to(world.device)
     return StepInputs(batch=shard_record(batch, world), noisy=shard_record(noisy, world),
                       keys=shard_rows(keys, world, dim=1).to(world.device),
-                      counts=shard_rows(counts, world, dim=1).to(world.device),
+                      counts=shard_rows(counts, world, dim=1).to(world.device), burn_in=burn_in,
                       normaliser=int(batch.response.sum()) / world.size,
                       tokens=batch.num_tokens)
+
+
+def fully_masked(batch: PackedBatch, mask_token_id: int) -> NoisyBatch:
+    """Every response token masked (p = 1): each response block as decoding starts it."""
+    response = batch.response  # (B, T)
+    return NoisyBatch(noisy_ids=batch.input_ids.masked_fill(response, mask_token_id),
+                      masked=response, mask_rate=response.float())
 
 
 def train_step(run: HeadRun, inputs: StepInputs, step: int) -> tuple[float, float]:
@@ -195,10 +217,15 @@ def train_step(run: HeadRun, inputs: StepInputs, step: int) -> tuple[float, floa
     with autocast_context(run):
         blocks, context = encode_batch(backbone, inputs.batch, inputs.noisy)
         take = context.layout.take
+        threshold = 1.0 if config.reveal_rule == "static" else config.threshold
+        if inputs.burn_in is not None:
+            blocks = advance_blocks(backbone, blocks, context, take(inputs.burn_in)[:, 0],
+                                    threshold)
         plan = RevealPlan(config.reveal_rule, torch.stack([take(k) for k in inputs.keys]),
-                          torch.stack([take(c)[:, 0] for c in inputs.counts]))
+                          torch.stack([take(c)[:, 0] for c in inputs.counts]), threshold)
         loss = chain_loss(chain_steps(run.model, backbone, blocks, context, plan), blocks.rates,
-                          inputs.normaliser, backbone.config.mask_token_id)
+                          inputs.normaliser, backbone.config.mask_token_id,
+                          config.commit_weight, threshold)
     loss.backward()
     max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(run.head.parameters(), max_norm)

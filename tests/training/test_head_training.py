@@ -24,8 +24,8 @@ from mrp_dlm.training import head_loop
 from mrp_dlm.training.data import Sample, collate_rows, task_texts
 from mrp_dlm.training.head_batch import encode_batch, run_blocks
 from mrp_dlm.training.head_eval import evaluate_head
-from mrp_dlm.training.head_loss import (RevealPlan, chain_loss, chain_steps, choose_reveals,
-                                        residual_kl)
+from mrp_dlm.training.head_loss import (ChainStep, RevealPlan, advance_blocks, chain_loss,
+                                        chain_steps, choose_reveals, commit_loss, residual_kl)
 from mrp_dlm.training.masks import build_dual_inputs, select_noisy_slots
 from mrp_dlm.training.noise import add_noise
 from mrp_dlm.training.tokenizer import save_tokenizer, train_tokenizer
@@ -101,6 +101,100 @@ def test_reveal_rules_on_hand_built_blocks():
     assert chosen.tolist() == [[False, True, False, True], [False] * 4,
                                [True, True, True, False], [False, True, False, False]]
     assert torch.equal(proposed, targets)
+
+
+def test_dynamic_reveal_is_the_threshold_step():
+    masked = torch.tensor([[True, True, True, False], [True, True, False, False],
+                           [False] * 4])
+    logits = torch.zeros(int(masked.sum()), 99)  # (M, V)
+    logits[0, 4], logits[1, 6], logits[2, 8] = 10.0, 10.0, 4.0  # block 0: two above 0.9
+    logits[3, 1], logits[4, 2] = 4.0, 5.0  # block 1: none above 0.9 -> the most confident
+    plan = RevealPlan("dynamic", torch.zeros(1, 3, L), torch.ones(1, 3, dtype=torch.int64), 0.9)
+    chosen, proposed = choose_reveals(plan, 0, masked, logits, None, MASK)
+    assert chosen.tolist() == [[True, True, False, False], [False, True, False, False],
+                               [False] * 4]
+    assert proposed[chosen].tolist() == [4, 6, 2]
+    static = dataclasses.replace(plan, rule="static")  # static ignores the threshold
+    chosen, _ = choose_reveals(static, 0, masked, logits, None, MASK)
+    assert chosen.tolist() == [[True, False, False, False], [False, True, False, False],
+                               [False] * 4]
+    at_one = dataclasses.replace(plan, threshold=1.0)  # dynamic at 1.0 is static
+    assert torch.equal(choose_reveals(at_one, 0, masked, logits, None, MASK)[0], chosen)
+
+
+def by_hand_commit(teacher: torch.Tensor, student: torch.Tensor, threshold: float) -> float:
+    """The commit loss of one block whose every position is masked, spelled out."""
+    keep = [v for v in range(teacher.shape[1]) if v != MASK]
+    p = torch.softmax(teacher[:, keep].double(), -1)  # (L, V-1)
+    q = torch.log_softmax(student[:, keep].double(), -1)  # (L, V-1)
+    confidence, token = p.max(-1)
+    log_c = q.max(-1).values
+    score = log_c - torch.log1p(-log_c.exp())  # logit of the head's confidence
+    above = confidence > threshold
+    chosen = above if above.any() else confidence == confidence.max()
+    total = -sum(float(q[i, token[i]]) for i in range(len(token)) if chosen[i])
+    total -= float(torch.log_softmax(score, 0)[confidence.argmax()])
+    if threshold < 1:
+        margin = score - math.log(threshold / (1 - threshold))
+        total += float(torch.nn.functional.binary_cross_entropy_with_logits(
+            margin, above.double(), reduction="sum"))
+    return total
+
+
+def test_commit_loss_by_hand():
+    generator = torch.Generator().manual_seed(5)
+    still = torch.tensor([[True] * L, [False] * L, [True] * L])  # a block without masks
+    teacher = torch.randn(2 * L, 99, generator=generator) * 3  # (M, V)
+    teacher[0, 7] = 12.0  # block 0, position 0: above 0.9
+    student = torch.randn(2 * L, 99, generator=generator)  # (M, V)
+    step = ChainStep(still, teacher, student)
+    for threshold in (0.9, 1.0):
+        expected = sum(by_hand_commit(teacher[b * L:(b + 1) * L], student[b * L:(b + 1) * L],
+                                      threshold) for b in (0, 1))
+        assert commit_loss(step, threshold, MASK).item() == pytest.approx(expected, rel=1e-5)
+    agreeing = ChainStep(still, teacher, teacher * 50)  # sharp copy of the teacher: tokens
+    sharp = commit_loss(agreeing, 1.0, MASK).item()  # certain, order right
+    assert 0 <= sharp < commit_loss(step, 1.0, MASK).item()
+
+
+def test_burn_in_follows_the_backbones_own_steps(tiny_model):
+    batch, _ = packed_batch(seed=6)
+    blocks, context = encode_batch(tiny_model, batch, head_loop.fully_masked(batch, MASK))
+    assert torch.equal(blocks.masked, blocks.tokens == MASK)
+    N = blocks.tokens.shape[0]
+    steps = torch.arange(N) % 3  # 0, 1 or 2 steps per block
+    after = advance_blocks(tiny_model, blocks, context, steps, 0.05)
+    plan = RevealPlan("dynamic", torch.zeros(2, N, L), torch.ones(2, N, dtype=torch.int64), 0.05)
+    tokens, masked, hidden = blocks.tokens, blocks.masked, blocks.base_hidden
+    for index in range(2):  # the same steps one by one, each block stopping at its count
+        chosen, proposed = choose_reveals(plan, index, masked,
+                                          tiny_model.logits(hidden[masked]), None, MASK)
+        chosen &= (index < steps)[:, None]
+        tokens, masked = torch.where(chosen, proposed, tokens), masked & ~chosen
+        hidden = run_blocks(tiny_model, context, tokens)
+    assert torch.equal(after.tokens, tokens) and torch.equal(after.masked, masked)
+    assert torch.equal(after.base_hidden, run_blocks(tiny_model, context, after.tokens))
+    unchanged = steps == 0
+    assert torch.equal(after.tokens[unchanged], blocks.tokens[unchanged])
+    revealed = blocks.masked.sum(1) - after.masked.sum(1)  # (N,)
+    assert torch.equal(revealed >= steps.clamp(max=1), torch.ones(N, dtype=torch.bool))
+    assert (revealed >= blocks.masked.sum(1).clamp(max=2))[steps == 2].all()
+
+
+def test_chain_loss_adds_the_weighted_commit_loss(tiny_model):
+    batch, noisy = packed_batch(seed=3)
+    blocks, context = encode_batch(tiny_model, batch, noisy)
+    head = MRPHead(tiny_model.config, HeadConfig(num_layers=1))
+    with torch.no_grad():
+        head.norm.weight.fill_(0.5)
+    plan = dataclasses.replace(random_plan("dynamic", blocks, lookahead=2), threshold=0.3)
+    steps = list(chain_steps(head, tiny_model, blocks, context, plan))
+    kl_only = chain_loss(iter(steps), blocks.rates, 7.0, MASK)
+    both = chain_loss(iter(steps), blocks.rates, 7.0, MASK, commit_weight=0.5, threshold=0.3)
+    commit = sum(commit_loss(step, 0.3, MASK) for step in steps) / 7.0 / 2
+    assert both.item() == pytest.approx(kl_only.item() + 0.5 * commit.item(), rel=1e-5)
+    both.backward()
+    assert head.fuse.weight.grad.abs().sum() > 0
 
 
 def test_cached_passes_equal_the_dual_forward(tiny_model):
@@ -256,6 +350,20 @@ def test_training_run_writes_head_logs_and_metrics(model_dir, tmp_path):
     assert head.config == HeadConfig(num_layers=1, init_std=0.02)
 
 
+def test_init_from_starts_from_a_saved_head(model_dir, tmp_path):
+    source = head_loop.train_head(run_config(model_dir, tmp_path / "source", steps=2))
+    config = run_config(model_dir, tmp_path / "tuned", init_from=str(source), steps=2,
+                        reveal_rule="dynamic", commit_weight=1.0, burn_in_max=3)
+    backbone = head_loop.load_frozen_backbone(config, torch.float32, "cpu")
+    expected = load_file(str(source / "model.safetensors"))
+    started = head_loop.build_head(config, backbone).state_dict()
+    assert all(torch.equal(started[name], expected[name]) for name in expected)
+    tuned = load_file(str(head_loop.train_head(config) / "model.safetensors"))
+    assert not torch.equal(tuned["fuse.weight"], expected["fuse.weight"])
+    with pytest.raises(ValueError, match="has 1 layers, not head_layers"):
+        head_loop.build_head(dataclasses.replace(config, head_layers=2), backbone)
+
+
 class Killed(Exception):
     pass
 
@@ -339,6 +447,8 @@ def test_bad_inputs_give_clear_errors(model_dir, tmp_path):
         run_config(model_dir, tmp_path, lookahead=0)
     with pytest.raises(ValueError, match="unknown reveal_rule"):
         run_config(model_dir, tmp_path, reveal_rule="oracle")
+    with pytest.raises(ValueError, match="threshold must be in"):
+        run_config(model_dir, tmp_path, threshold=0.0)
     with pytest.raises(CheckpointError, match="model directory not found"):
         head_loop.train_head(run_config(tmp_path / "nowhere", tmp_path / "a"))
     with pytest.raises(ValueError, match="multiple of the block size"):
