@@ -150,3 +150,44 @@ class CostProbe:
         v = max(wider)
         return RoundCosts(head_step=min(self.head_steps) / one,
                           copy=max(wider[v] - one, 0.0) / (one * (v - 1)))
+
+
+class DraftPlanner:
+    """What a speculative decoder keeps across the calls it serves (the library's decoder
+    and the SGLang plugin's algorithm alike): the acceptance of its head, and per batch key
+    (a batch size, or a bucket of them) the round costs once learnt, a `CostProbe` while
+    they are being learnt. Not adaptive: every round drafts the lookahead, nothing is kept.
+    """
+
+    def __init__(self, lookahead: int, adaptive: bool) -> None:
+        self.lookahead, self.adaptive = lookahead, adaptive
+        self.acceptance = Acceptance()
+        self.costs: dict[int, RoundCosts] = {}  # by batch key, once known
+        self.probes: dict[int, CostProbe] = {}  # by batch key, while learning the costs
+
+    def probe(self, key: int) -> CostProbe | None:
+        """The cost probe of `key` while its costs are unknown (adaptive only)."""
+        if not self.adaptive or key in self.costs:
+            return None
+        return self.probes.setdefault(key, CostProbe(self.lookahead))
+
+    def drafts(self, key: int) -> int:
+        """Head drafts the next round runs: the lookahead; adaptive, those that pay (or the
+        next probe round's while the costs of `key` are being learnt)."""
+        if not self.adaptive:
+            return self.lookahead
+        if key not in self.costs:
+            return self.probe(key).next_drafts()
+        return self.acceptance.plan(self.costs[key], self.lookahead)
+
+    def learn(self, key: int) -> None:
+        """Keep the costs of `key` once its probe has enough samples."""
+        costs = self.probes[key].costs()
+        if costs is not None:
+            self.costs[key] = costs
+            del self.probes[key]
+
+    def record(self, accepted: torch.Tensor, drafted: torch.Tensor) -> None:
+        """A round's verdicts (see `Acceptance.record`); kept only when adaptive."""
+        if self.adaptive:
+            self.acceptance.record(accepted, drafted)

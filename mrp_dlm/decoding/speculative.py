@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.drafting import Acceptance, CostProbe, RoundCosts, Timer
+from mrp_dlm.decoding.drafting import DraftPlanner, Timer
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.selection import threshold_pick
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
@@ -125,22 +125,20 @@ def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
 
 class SpeculativeDecoder:
     """Keeps, across the calls it serves, the acceptance of its head and the round costs
-    per batch size (see `drafting.py`)."""
+    per batch size (its `DraftPlanner`, see `drafting.py`)."""
 
     def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
         self.config, self.head = config, head
         self.copies = config.lookahead + 1
-        self.acceptance = Acceptance()
-        self.costs: dict[int, RoundCosts] = {}  # by batch size, once known
-        self.probes: dict[int, CostProbe] = {}  # by batch size, while learning the costs
+        self.planner = DraftPlanner(config.lookahead, config.adaptive)
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows, threshold = step.rows, self.config.threshold
         B, L = rows.tokens.shape
-        probe = self.probe(B)
+        probe = self.planner.probe(B)
         timer = Timer(rows.tokens.device, enabled=probe is not None)
         timer.start()
-        drafts = draft(self.head, context.model, step.base, rows, 1 + self.head_drafts(B),
+        drafts = draft(self.head, context.model, step.base, rows, 1 + self.planner.drafts(B),
                        threshold)
         draft_seconds = timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
@@ -155,34 +153,12 @@ class SpeculativeDecoder:
                 probe.add_forward(seconds)
             else:
                 probe.add_round(m - 1, draft_seconds, v, seconds)
-            self.learn_costs(B)
+            self.planner.learn(B)
         frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
         accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
                           context.schedule.mask_token_id, rows.positions, threshold)  # (B,)
         head_accepted = (accepted - 1).clamp_min(0)  # (B,)
         if m > 1:
             context.counters.add_rounds(head_accepted, drafts.valid[:, 1])  # rows that drafted
-            if self.config.adaptive:
-                self.acceptance.record(head_accepted, drafts.valid[:, 1:].sum(dim=1))
+            self.planner.record(head_accepted, drafts.valid[:, 1:].sum(dim=1))
         return take_accepted(drafts, check, accepted, rows.tokens, step.base)
-
-    def probe(self, B: int) -> CostProbe | None:
-        """The cost probe of batch size B while its costs are unknown (adaptive only)."""
-        if not self.config.adaptive or B in self.costs:
-            return None
-        return self.probes.setdefault(B, CostProbe(self.config.lookahead))
-
-    def learn_costs(self, B: int) -> None:
-        costs = self.probes[B].costs()
-        if costs is not None:
-            self.costs[B] = costs
-            del self.probes[B]
-
-    def head_drafts(self, B: int) -> int:
-        """Head drafts this round runs: lookahead; with `adaptive`, those that pay (or the
-        next probe round's while the costs of batch size B are being learnt)."""
-        if not self.config.adaptive:
-            return self.config.lookahead
-        if B not in self.costs:
-            return self.probes[B].next_drafts()
-        return self.acceptance.plan(self.costs[B], self.config.lookahead)

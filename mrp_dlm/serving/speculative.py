@@ -40,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from mrp_dlm.decoding.drafting import Acceptance, CostProbe, RoundCosts, Timer
+from mrp_dlm.decoding.drafting import CostProbe, DraftPlanner, Timer
 from mrp_dlm.decoding.speculative import Drafts, accept, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
@@ -81,16 +81,14 @@ class MrpSpeculative(MrpAlgorithm):
         super().__init__(config)
         self.threshold = self.serving.speculative_threshold
         self.counts = Counts()
-        self.acceptance = Acceptance()  # of this server's head drafts
-        self.costs: dict[int, RoundCosts] = {}  # by batch-size bucket, once known
-        self.probes: dict[int, CostProbe] = {}  # by bucket, while learning the costs
+        self.planner = DraftPlanner(self.lookahead, self.serving.adaptive)  # by size bucket
         self.last_draft = (0, 0.0)  # head steps and seconds of the last (probe) drafting
 
     def run(self, model_runner, forward_batch, algo_states=None):
         head, host = self.model_parts(model_runner)
         B, L = forward_batch.batch_size, self.block_size
         bucket = 1 << (B - 1).bit_length()  # 1, 2, 4, 8, ...: costs are kept per bucket
-        probe = self.probe(bucket)
+        probe = self.planner.probe(bucket)
         timer = Timer(forward_batch.input_ids.device, enabled=probe is not None)
         states = self.carried_states(forward_batch, algo_states)
         scratch = Scratch(model_runner)
@@ -107,7 +105,7 @@ class MrpSpeculative(MrpAlgorithm):
         positions = forward_batch.positions.view(B, L).long()  # (B, L)
         seeds = self.settle(states, rounds, logits, hidden, positions)
         done = self.finish_or_draft(head, host, states, rounds, seeds, positions,
-                                    1 + self.head_drafts(bucket), timer)
+                                    1 + self.planner.drafts(bucket), timer)
         next_ids = [state.accepted if d or state.drafts is None else state.drafts.states[0, -1]
                     for state, d in zip(states, done)]
         forward_batch.input_ids.copy_(torch.stack(next_ids).view(-1))
@@ -161,9 +159,9 @@ class MrpSpeculative(MrpAlgorithm):
             if round_.verifying:
                 n = int(accept(state.drafts, logits[None, row:row + m], state.prompt[None],
                                self.mask_id, positions[index:index + 1], self.threshold)[0])
-                if m > 1 and self.serving.adaptive:
-                    self.acceptance.record(torch.tensor([n - 1]),
-                                           state.drafts.valid[0, 1:].sum()[None])
+                if m > 1:
+                    self.planner.record(torch.tensor([n - 1]),
+                                        state.drafts.valid[0, 1:].sum()[None])
                 state.accepted = state.drafts.states[0, n - 1]
                 seeds.append((logits[row + n - 1], hidden[row + n - 1]))
             else:
@@ -216,21 +214,6 @@ class MrpSpeculative(MrpAlgorithm):
                                       drafts.finished)
         return drafts.states.shape[1]
 
-    def probe(self, bucket: int) -> CostProbe | None:
-        """The cost probe of a batch-size bucket while its costs are unknown (adaptive)."""
-        if not self.serving.adaptive or bucket in self.costs:
-            return None
-        return self.probes.setdefault(bucket, CostProbe(self.lookahead))
-
-    def head_drafts(self, bucket: int) -> int:
-        """Head drafts the next round runs: lookahead, or with `adaptive` those that pay
-        (the next probe round's while the bucket's costs are being learnt)."""
-        if not self.serving.adaptive:
-            return self.lookahead
-        if bucket not in self.costs:
-            return self.probes[bucket].next_drafts()
-        return self.acceptance.plan(self.costs[bucket], self.lookahead)
-
     def sample(self, probe: CostProbe, bucket: int, rounds: list[Round], seconds: float
                ) -> None:
         """A probe sample from this call's forward when every request held the same number
@@ -243,10 +226,7 @@ class MrpSpeculative(MrpAlgorithm):
             probe.add_forward(seconds)
         elif all(r.verifying for r in rounds) and self.last_draft[0] == m - 1:
             probe.add_round(m - 1, self.last_draft[1], m, seconds)
-        costs = probe.costs()
-        if costs is not None:
-            self.costs[bucket] = costs
-            del self.probes[bucket]
+        self.planner.learn(bucket)
 
     def count_block(self, state: BlockState) -> None:
         self.counts.blocks += 1

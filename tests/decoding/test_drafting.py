@@ -111,7 +111,7 @@ def test_any_plan_equals_the_rule(threshold, costs):
                           max_new_tokens=13, stop_token_ids=())
     decoder = make_decoder(config, random_head(model, 1, norm=0.3))
     if costs is not None:  # else: measured on this machine by the first round
-        decoder.costs[len(prompts)] = costs
+        decoder.planner.costs[len(prompts)] = costs
     got = generate(model, prompts, config, decoder)
     assert got.token_ids == want.token_ids
     stats = got.stats
@@ -133,10 +133,10 @@ def test_pipeline_keeps_one_decoder_per_config(saved_model_and_head):
     config = DecodeConfig(mode="speculative", max_new_tokens=24)
     first = pipe.generate(["What is 2 + 3?"], config)
     decoder = pipe.decoder(config)
-    tried = decoder.acceptance.tried
+    tried = decoder.planner.acceptance.tried
     assert tried > 0  # the probe rounds drafted and their drafts were counted
     second = pipe.generate(["What is 2 + 3?"], config)
-    assert pipe.decoder(config) is decoder and decoder.acceptance.tried >= tried
-    assert decoder.costs or decoder.probes  # what it measured is kept for the next call
+    assert pipe.decoder(config) is decoder and decoder.planner.acceptance.tried >= tried
+    assert decoder.planner.costs or decoder.planner.probes  # what it measured is kept for the next call
     assert first.token_ids == second.token_ids
     assert pipe.decoder(DecodeConfig(mode="speculative", max_new_tokens=9)) is not decoder

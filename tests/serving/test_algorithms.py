@@ -182,14 +182,14 @@ def test_adaptive_speculative_equals_low_confidence(tmp_path, threshold, costs):
     algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
                                            lookahead=3, threshold=threshold))
     if costs is not None:
-        algorithm.costs = dict.fromkeys(BUCKETS, costs)
+        algorithm.planner.costs = dict.fromkeys(BUCKETS, costs)
     got = serve(runner, algorithm, rule_prompts(5, block_size, True, threshold), max_new, MASK)
     assert tuple(tuple(r) for r in got) == want
     assert runner.req_to_token_pool.available_size() == runner.free_rows - len(got)
     if costs == RoundCosts(5.0, 5.0):
-        assert runner.forwards == rule_forwards and algorithm.acceptance.tried == 0
+        assert runner.forwards == rule_forwards and algorithm.planner.acceptance.tried == 0
     else:
-        assert runner.forwards <= rule_forwards and algorithm.acceptance.tried > 0
+        assert runner.forwards <= rule_forwards and algorithm.planner.acceptance.tried > 0
 
 
 def test_fallback_without_free_rows_is_exact(tmp_path):
