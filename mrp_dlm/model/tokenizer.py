@@ -54,13 +54,19 @@ class TextTokenizer:
 
     def render_chat(self, user_text: str) -> str:
         """One user turn rendered with the template, ready for the assistant's answer."""
+        return self.render_messages([{"role": "user", "content": user_text}])
+
+    def render_messages(self, messages: list[dict[str, str]],
+                        add_generation_prompt: bool = True) -> str:
+        """A conversation ({"role", "content"} dicts) rendered with the template; with
+        `add_generation_prompt`, followed by the opening of the assistant's turn."""
         if self.chat_template is None:
-            raise ValueError("this tokenizer has no chat template; drop --chat")
+            raise ValueError("this tokenizer has no chat template; drop --chat (lm_eval: "
+                             "--apply_chat_template)")
         environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True,
                                                                    lstrip_blocks=True)
         template = environment.from_string(self.chat_template)
-        messages = [{"role": "user", "content": user_text}]
-        return template.render(messages=messages, add_generation_prompt=True)
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt)
 
 
 def check_utf8(text: str, what: str) -> None:
