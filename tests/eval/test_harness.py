@@ -159,6 +159,11 @@ def test_shipped_task_data_is_the_arith_test_split():
                        for e in examples]
 
 
+def answer_of(filtered: str) -> int | None:
+    """The task YAML's extracted answer as `mrp eval` reads one (None: nothing found)."""
+    return None if filtered == "[invalid]" else int(filtered.replace(",", ""))
+
+
 def test_lm_eval_scores_like_mrp_eval(tmp_path):
     """The same 20 problems, mode and batches: same completions, answers and accuracy."""
     limit, batch = 20, 10
@@ -184,9 +189,8 @@ def test_lm_eval_scores_like_mrp_eval(tmp_path):
 
     assert [s["doc"]["uid"] for s in ours] == [s["uid"] for s in theirs]
     assert [s["resps"][0][0] for s in ours] == [s["completion"] for s in theirs]
-    answers = [extract_answer(s["completion"]) for s in theirs]
-    assert [s["filtered_resps"][0].replace(",", "") for s in ours] == [
-        "[invalid]" if answer is None else str(answer) for answer in answers]
+    assert [answer_of(s["filtered_resps"][0]) for s in ours] == [
+        extract_answer(s["completion"]) for s in theirs]
     assert [s["exact_match"] == 1.0 for s in ours] == [s["correct"] for s in theirs]
     assert score["exact_match,last-answer"] == summary["accuracy"]
     assert 0 < summary["correct"] < limit  # right and wrong answers both compared
