@@ -24,10 +24,10 @@ trap 'rm -f "$constraints"' EXIT
 from importlib.metadata import distributions
 
 pins = {}
-for dist in distributions():
+for dist in distributions():  # in sys.path order: the first of a name is the one imported
     name = (dist.metadata["Name"] or "").lower().replace("_", "-")
     if name and name != "mrp-dlm":
-        pins[name] = dist.version
+        pins.setdefault(name, dist.version)
 pins.setdefault("torch", "2.13.0")
 print("\n".join(f"{name}=={version}" for name, version in sorted(pins.items())))
 PYEOF
