@@ -58,6 +58,14 @@ def repeat_rows(sampling: SamplingConfig, copies: int) -> SamplingConfig:
                                                   sampling.top_p, sampling.seed)))
 
 
+def select_rows(sampling: SamplingConfig, index: list[int] | slice) -> SamplingConfig:
+    """sampling for the rows `index` of its batch."""
+    def select(value: Value) -> Value:
+        return value[index] if isinstance(value, torch.Tensor) else value
+    return SamplingConfig(*(select(v) for v in (sampling.temperature, sampling.top_k,
+                                                  sampling.top_p, sampling.seed)))
+
+
 def rows_of(value: Value, like: torch.Tensor) -> torch.Tensor | float:
     """A per-row tensor value as (B, 1, 1) to broadcast against like (B, L, V); else as is."""
     if isinstance(value, torch.Tensor):
