@@ -562,10 +562,12 @@ def test_head_on_another_backbone_fails(tmp_path):
 
 # --- CLI ------------------------------------------------------------------------------------
 
-def test_cli_generate_speculative_json(saved_model_and_head, capsys):
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "1.0", "--top-p", "0.9",
+                                             "--seed", "4"]])
+def test_cli_generate_speculative_json(saved_model_and_head, capsys, sampling):
     model_dir, head_dir = saved_model_and_head
     common = ["generate", "--model", str(model_dir), "--prompt", "What is 7 + 5?",
-              "--max-new-tokens", "11", "--json"]
+              "--max-new-tokens", "11", "--json", *sampling]
     code, out, err = run_cli(capsys, *common, "--mode", "speculative", "--lookahead", "3",
                              "--head", str(head_dir))
     assert code == 0, err
