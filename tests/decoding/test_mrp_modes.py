@@ -220,12 +220,13 @@ def test_sampled_speculative_equals_its_seeded_sampled_rule(block_size, threshol
         run = rule_run(seed, block_size, damped, threshold, knobs)
         rule = run.result
         assert any(len(row) < MAX_NEW[block_size] for row in rule.token_ids), "no row stopped"
-        for lookahead in (1, 3):
+        for lookahead in (1, 3) if block_size == 4 else (3,):
             config = DecodeConfig(mode="speculative", block_size=block_size,
                                   lookahead=lookahead, threshold=threshold,
                                   max_new_tokens=MAX_NEW[block_size], stop_token_ids=run.stops,
                                   adaptive=False, **dict(knobs))
-            for name, make_head in HEADS.items():
+            for name in ("zero", "bad"):  # a head that predicts no change, a random one
+                make_head = HEADS[name]
                 result = decode(model, run.prompts, config, make_head(model, seed + lookahead))
                 assert result.token_ids == rule.token_ids, (
                     f"seed {seed} damped {damped} K {lookahead} head {name}: "
