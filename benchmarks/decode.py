@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from mrp_dlm.config import BackboneConfig, DecodeConfig  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
-from mrp_dlm.decoding.sampling import propose  # noqa: E402
+from mrp_dlm.decoding.sampling import draw_index, propose  # noqa: E402
 from mrp_dlm.decoding.selection import select_static  # noqa: E402
 from mrp_dlm.decoding.strategies import StrategyDecoder, sampling_of  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
@@ -107,16 +107,14 @@ def no_cache_static(model: Backbone, prompt: list[int], config: DecodeConfig) ->
         mask = block_causal_mask(torch.arange(T, device=device) // L,
                                  torch.ones(1, T, dtype=torch.bool, device=device))  # (1, T, T)
         positions = torch.arange(T, device=device)[None]  # (1, T)
-        step = 0
         while bool((tokens[:, start:] == mask_token_id).any()):
             logits = model.logits(model(tokens, positions, mask))[:, start:]  # (1, L, V)
             forwards += 1
             proposal = propose(logits, mask_token_id, sampling_of(config), positions[:, start:],
-                               step)
+                               draw_index(tokens[:, start:], mask_token_id))
             eligible = tokens[:, start:] == mask_token_id  # (1, L)
             commit = select_static(proposal.confidence, eligible, 1)
             tokens[:, start:] = torch.where(commit, proposal.tokens, tokens[:, start:])
-            step += 1
         start += L
     return tokens[0, n:n + config.max_new_tokens].tolist(), forwards
 

@@ -72,7 +72,7 @@ class BackboneConfig:
 class DecodeConfig:
     """How to decode: the strategy, its block schedule, sampling and stopping."""
 
-    mode: str = "static"  # decoding method: static, dynamic, sequential, entropy, direct, speculative (lossless: equals dynamic at --threshold, static at 1.0), remask
+    mode: str = "static"  # decoding method: static, dynamic, sequential, entropy, direct, speculative (lossless: equals dynamic at --threshold, static at 1.0, greedy or seeded sampled), remask
     block_size: int | None = None  # tokens per block; None means the model's
     steps: int | None = None  # denoising steps per block; None means block_size
     threshold: float = 0.9  # dynamic, and the rule speculative reproduces: commit every masked position with confidence > threshold, else the most confident (1.0: static, one per step)
@@ -98,11 +98,6 @@ class DecodeConfig:
                              f"{', '.join(REMASK_RULES)}")
         if self.remask_delta <= 0:
             raise ValueError(f"remask_delta must be > 0, got {self.remask_delta}")
-        if self.mode == "speculative" and self.temperature > 0:
-            raise ValueError("speculative decoding reproduces greedy threshold decoding "
-                             "(dynamic at --threshold; 1.0 is static); it cannot sample "
-                             "(use temperature 0)")
-
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.steps is not None and self.steps < 1:

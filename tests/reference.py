@@ -12,7 +12,9 @@ Semantics (MRP_BRIEF §1):
 - Greedy: argmax of the full softmax with the mask logit at -inf; confidence = max prob.
 - Sampling: tempered softmax; top-k, then top-p on the renormalised top-k distribution
   (as the SDAR reference's `top_k_logits` then `top_p_logits`); exponential race
-  argmax p_kept / (-log u); confidence = tempered probability before truncation.
+  argmax p_kept / (-log u); confidence = tempered probability before truncation. u is keyed
+  by (seed, draw, position, token), draw = how many positions of the block are revealed
+  in the state the step proposes on (`revealed`).
 - Commit rules (ties to the lower position, never more than the masks left):
   static top-n_s; dynamic: all > threshold, else top-n_s; sequential leftmost n_s;
   entropy: lowest entropy first while the sum stays <= bound, at least one.
@@ -131,8 +133,13 @@ def top_two_gap(scores: list[float]) -> float:
     return top[0] - top[1] if len(top) == 2 else math.inf
 
 
+def revealed(block: list[int], mask_token_id: int) -> int:
+    """The draw key of a block state: how many of its positions are not masked."""
+    return sum(1 for token in block if token != mask_token_id)
+
+
 def choose(logits: torch.Tensor, mask_token_id: int, config: DecodeConfig, position: int,
-           step: int) -> Choice:
+           draw: int) -> Choice:
     """Token, confidence, entropy and decision margin for one position's logits (V,).
 
     Margin: greedy, the gap between the two largest probabilities; sampling, the relative
@@ -150,7 +157,8 @@ def choose(logits: torch.Tensor, mask_token_id: int, config: DecodeConfig, posit
                 token = v
         return Choice(token, probs[token], entropy, top_two_gap(probs))
     kept, margin = truncated(probs, config.top_k, config.top_p)
-    noise = uniform_noise(config.seed, torch.tensor([[position]]), step, len(probs))[0, 0].tolist()
+    noise = uniform_noise(config.seed, torch.tensor([[position]]), torch.tensor([draw]),
+                          len(probs))[0, 0].tolist()
     scores = [kept[v] / -math.log(noise[v]) for v in range(len(probs))]
     token, best = 0, -1.0
     for v in range(len(probs)):
@@ -234,7 +242,8 @@ def denoise_block(model: Backbone, sequence: list[int], start: int, config: Deco
     step = 0
     while mask_token_id in sequence[start:start + block_size]:
         logits = block_logits(model, sequence, start, block_size)  # (L, V)
-        proposals = [choose(logits[j], mask_token_id, config, start + j, step)
+        draw = revealed(sequence[start:start + block_size], mask_token_id)
+        proposals = [choose(logits[j], mask_token_id, config, start + j, draw)
                      for j in range(block_size)]
         masked = [j for j in range(block_size) if sequence[start + j] == mask_token_id]
         chosen, margin = commit_positions(config, masked, [p.confidence for p in proposals],

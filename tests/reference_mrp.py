@@ -11,10 +11,10 @@ Semantics (MRP_BRIEF §2, §4):
 - direct: per backbone forward, commit the n_s most confident masked positions of A, then
   K head steps; step k commits the single most confident remaining masked position of
   A + sum C (the head sees the block after every commit so far; h_in is h_A + sum h_C).
-  Sampling draw index of step s, head step k: s * (K + 1) + k.
-- speculative (naive, greedy only): the rule is the threshold step with quota 1 (every
-  masked position above threshold, else the most confident; threshold 1.0: static, one
-  token). Each round runs the backbone on the current state, drafts S_1 (the backbone's
+  Each pick samples with the draw key of the block state it proposes on.
+- speculative (naive): the rule is the threshold step with quota 1 (every masked position
+  above threshold, else the most confident; threshold 1.0: static, one token), greedy or
+  sampled with the draw key of the state it steps from (`reference.revealed`). Each round runs the backbone on the current state, drafts S_1 (the backbone's
   own step) and S_2..S_{K+1} (chained head steps, each the rule's step on A + sum C; none
   after a state without masks), then checks every draft by running the full backbone on
   each candidate state S_j separately: draft j+1 stands while the backbone's own step on
@@ -42,9 +42,8 @@ from mrp_dlm.config import DecodeConfig
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from reference import (above_threshold, by_score, choose, dense_block_causal_mask, even_quotas,
-                       exact_logits, rank_gap, run_blocks)
+                       exact_logits, rank_gap, revealed, run_blocks)
 
-GREEDY = DecodeConfig()  # temperature 0: `choose` takes the argmax
 
 
 @dataclass
@@ -93,17 +92,18 @@ def probability(logits: torch.Tensor, token: int, mask_token_id: int,
     return torch.softmax(logits / temperature, dim=0)[token].item()
 
 
-def threshold_step(logits: torch.Tensor, block: list[int], mask_token_id: int, threshold: float,
-                   trace: Trace) -> list[int] | None:
-    """The block after one greedy step of the threshold rule with quota 1 (every masked
-    position above threshold, else the most confident; 1.0: the static one-token pick);
-    None if nothing is masked."""
+def threshold_step(logits: torch.Tensor, block: list[int], start: int, mask_token_id: int,
+                   config: DecodeConfig, trace: Trace) -> list[int] | None:
+    """The block (at absolute position start) after one step of the threshold rule with
+    quota 1 (every masked position above config.threshold, else the most confident; 1.0:
+    the static one-token pick), sampled as config says; None if nothing is masked."""
     masked = [j for j in range(len(block)) if block[j] == mask_token_id]
     if not masked:
         return None
-    picks = {j: choose(logits[j], mask_token_id, GREEDY, 0, 0) for j in masked}
+    draw = revealed(block, mask_token_id)
+    picks = {j: choose(logits[j], mask_token_id, config, start + j, draw) for j in masked}
     confidence = {j: picks[j].confidence for j in masked}
-    chosen, margin = above_threshold(threshold, masked, confidence, 1)
+    chosen, margin = above_threshold(config.threshold, masked, confidence, 1)
     trace.add_margin(min([margin] + [picks[j].margin for j in chosen]))
     return [picks[j].token if j in chosen else t for j, t in enumerate(block)]
 
@@ -125,8 +125,8 @@ def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
                 logits = exact_logits(model, accumulator[None])[0]  # A + sum C
             masked = [j for j in range(block_size) if sequence[start + j] == mask_token_id]
             quota = quotas[min(step, steps - 1)] if k == 0 else 1
-            proposals = {j: choose(logits[j], mask_token_id, config, start + j,
-                                   step * (K + 1) + k)
+            draw = revealed(sequence[start:start + block_size], mask_token_id)
+            proposals = {j: choose(logits[j], mask_token_id, config, start + j, draw)
                          for j in masked}
             confidence = {j: p.confidence for j, p in proposals.items()}
             ranked = by_score(masked, confidence, True)
@@ -142,8 +142,8 @@ def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
 def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
                       config: DecodeConfig, block_size: int, steps: int, mask_token_id: int,
                       trace: Trace) -> None:
-    assert config.temperature == 0 and steps == block_size
-    K, threshold = config.lookahead, config.threshold
+    assert steps == block_size
+    K = config.lookahead
     while mask_token_id in sequence[start:start + block_size]:
         current = sequence[start:start + block_size]
         hidden, logits = block_state(model, sequence, start, block_size)
@@ -151,7 +151,7 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
         drafts: list[list[int]] = []
         state, accumulator = current, hidden
         for index in range(K + 1):
-            state = threshold_step(logits, state, mask_token_id, threshold, trace)
+            state = threshold_step(logits, state, start, mask_token_id, config, trace)
             drafts.append(state)
             if mask_token_id not in state or index == K:
                 break
@@ -163,7 +163,8 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
         for j in range(1, len(drafts)):
             candidate = sequence[:start] + drafts[j - 1] + sequence[start + block_size:]
             _, check = block_state(model, candidate, start, block_size)
-            if threshold_step(check, drafts[j - 1], mask_token_id, threshold, trace) != drafts[j]:
+            if threshold_step(check, drafts[j - 1], start, mask_token_id, config,
+                              trace) != drafts[j]:
                 break
             accepted += 1
         sequence[start:start + block_size] = drafts[accepted - 1]
@@ -181,7 +182,8 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
         block = sequence[start:start + block_size]
         hidden, logits = block_state(model, sequence, start, block_size)
         masked = [j for j in range(block_size) if block[j] == mask_token_id]
-        proposals = {j: choose(logits[j], mask_token_id, config, start + j, step) for j in masked}
+        draw = revealed(block, mask_token_id)
+        proposals = {j: choose(logits[j], mask_token_id, config, start + j, draw) for j in masked}
         confidence = {j: p.confidence for j, p in proposals.items()}
         commit, margin = above_threshold(config.threshold, masked, confidence,
                                          quotas[min(step, steps - 1)])

@@ -1,6 +1,6 @@
 """The model (and MRP head) shipped inside the package: loads, solves problems, and the
-speculative mode reproduces its rule (static decoding at threshold 1.0, dynamic at 0.9) on
-held-out prompts."""
+speculative mode reproduces its rule (static decoding at threshold 1.0, dynamic at 0.9,
+greedy and seeded sampled) on held-out prompts."""
 
 from __future__ import annotations
 
@@ -69,13 +69,17 @@ def test_embedded_model_degrades_under_parallel_commits(pipe, code_problems, cod
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("threshold,lookaheads", [(1.0, (1, 3)), (0.9, (3,))])
-def test_speculative_equals_its_rule_on_held_out_prompts(pipe, threshold, lookaheads):
+@pytest.mark.parametrize("threshold,lookaheads,sampling", [
+    (1.0, (1, 3), {}), (0.9, (3,), {}),
+    (0.9, (3,), dict(temperature=0.7, top_p=0.95, seed=7)),  # the trained head, sampled
+])
+def test_speculative_equals_its_rule_on_held_out_prompts(pipe, threshold, lookaheads, sampling):
     if pipe.head is None:
         pytest.fail(f"the embedded head is missing from {embedded_head_dir()}")
     prompts = [e.problem for name in ("arith", "arith-code")
                for e in get_task(name).examples("test", EXACTNESS_PROMPTS)]
-    config = DecodeConfig(mode="dynamic", threshold=threshold, max_new_tokens=MAX_NEW)
+    config = DecodeConfig(mode="dynamic", threshold=threshold, max_new_tokens=MAX_NEW,
+                          **sampling)
     rule = pipe.generate(prompts, config, chat=True).token_ids
     # Only rows whose output survives perturbed logits are exactness cases (199 of 200 on
     # the shipped model at threshold 1.0; see tests/margins.py).
@@ -85,7 +89,7 @@ def test_speculative_equals_its_rule_on_held_out_prompts(pipe, threshold, lookah
     for lookahead in lookaheads:
         # Every round drafts K (not adaptive): the most head drafts verified and accepted.
         spec_config = DecodeConfig(mode="speculative", threshold=threshold, lookahead=lookahead,
-                                   adaptive=False, max_new_tokens=MAX_NEW)
+                                   adaptive=False, max_new_tokens=MAX_NEW, **sampling)
         spec = pipe.generate(prompts, spec_config, chat=True)
         differ = [i for i in stable if spec.token_ids[i] != rule[i]]
         assert not differ, (f"threshold {threshold} K={lookahead}: {len(differ)} of "

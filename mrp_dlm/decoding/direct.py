@@ -14,7 +14,7 @@ import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
-from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, propose
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, draw_index, propose
 from mrp_dlm.decoding.selection import select_static
 from mrp_dlm.decoding.step import Advance, Step
 from mrp_dlm.decoding.strategies import sampling_of
@@ -26,22 +26,22 @@ def direct_step(head: MRPHead, backbone: HeadBackbone, step: Step, lookahead: in
     """The block (B, L) after the static rule's `step.quota` picks on the backbone logits
     and `lookahead` head steps, each picking one more token from A + sum C.
 
-    Sampling draw of head step k: step.index * (lookahead + 1) + k.
+    Each pick samples with the draw key of the block it proposes on (`draw_index`).
     """
     rows, mask_token_id = step.rows, backbone.config.mask_token_id
-    draw = step.index * (lookahead + 1)
 
-    def pick(logits, eligible, quota, block, k):
-        proposal = propose(logits, mask_token_id, sampling, rows.positions, draw + k)
+    def pick(logits, eligible, quota, block):
+        proposal = propose(logits, mask_token_id, sampling, rows.positions,
+                           draw_index(block, mask_token_id))
         commit = select_static(proposal.confidence, eligible, quota)  # (B, L)
         return torch.where(commit, proposal.tokens, block), commit
 
-    block, commit = pick(step.base.logits, rows.eligible, step.quota, rows.tokens, 0)
+    block, commit = pick(step.base.logits, rows.eligible, step.quota, rows.tokens)
     eligible, accumulator = rows.eligible, step.base.hidden  # h_A, then h_A + sum h_C
     for k in range(1, lookahead + 1):
         eligible = eligible & ~commit
         accumulator = head.advance(backbone, block, accumulator, rows.positions)  # (B, L, H)
-        block, commit = pick(backbone.logits(accumulator), eligible, 1, block, k)
+        block, commit = pick(backbone.logits(accumulator), eligible, 1, block)
     return block
 
 

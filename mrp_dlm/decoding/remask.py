@@ -19,7 +19,7 @@ import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
-from mrp_dlm.decoding.sampling import Proposal, propose, token_confidence
+from mrp_dlm.decoding.sampling import Proposal, draw_index, propose, token_confidence
 from mrp_dlm.decoding.selection import revoke_unconfident, select_dynamic, veto_large_residual
 from mrp_dlm.decoding.step import Advance, BackboneStep, Step
 from mrp_dlm.decoding.strategies import sampling_of
@@ -52,7 +52,7 @@ class RemaskDecoder:
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows = step.rows
         proposal = propose(step.base.logits, context.schedule.mask_token_id, self.sampling,
-                           rows.positions, step.index)
+                           rows.positions, draw_index(rows.tokens, context.schedule.mask_token_id))
         commit = select_dynamic(proposal.confidence, rows.eligible, step.quota,
                                 self.config.threshold)  # (B, L)
         commit = self.keep(context, rows.tokens, step.base, proposal, commit)

@@ -5,9 +5,15 @@ computed before top-k/top-p truncation: the SDAR reference computes it after tru
 which makes every greedy confidence 1.0. The mask token is never a prediction (its logit
 is set to -inf first, BD3-LM's SUBS parameterisation).
 
-Sampling is counter-based: the random number for (seed, position, step, token) is a hash
+Sampling is counter-based: the random number for (seed, draw, position, token) is a hash
 of those integers, so a row's draws never depend on which other rows share its batch, and
-a slow reference decoder can reproduce them exactly. Greedy has its own exact path.
+a slow reference decoder can reproduce them exactly. The draw key of a step is a function of
+the block state it proposes on (`draw_index`: how many of the row's block positions are
+revealed), not of how many forwards or steps ran: a speculative drafter proposing on a
+state draws exactly the numbers the verifier's step on that state draws, which is what
+makes sampled speculation reproduce the sampled rule token for token (`speculative.py`).
+Every step reveals at least one position, so no two steps of a block share a key. Greedy
+has its own exact path.
 
 Shapes: B batch, L block positions, V vocab.
 """
@@ -21,17 +27,50 @@ import torch
 MASK32 = 0xFFFFFFFF
 
 
+Value = int | float | torch.Tensor  # one value for every row, or a (B,) tensor of per-row values
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
-    """The sampling part of DecodeConfig, as the step needs it."""
+    """The sampling part of DecodeConfig, as the step needs it. A field is one number for
+    every row (the library), or a (B,) tensor with one value per row (a server's batch of
+    requests; rows with temperature 0 are greedy)."""
 
-    temperature: float = 0.0  # 0 is greedy
-    top_k: int = 0  # 0 keeps all tokens
-    top_p: float = 1.0  # nucleus mass kept
-    seed: int = 0  # key of the counter-based random numbers
+    temperature: Value = 0.0  # 0 is greedy
+    top_k: Value = 0  # 0 keeps all tokens
+    top_p: Value = 1.0  # nucleus mass kept
+    seed: Value = 0  # key of the counter-based random numbers
+
+    @property
+    def greedy(self) -> bool:
+        """Every row greedy, known without looking at a tensor (no host sync)."""
+        return not isinstance(self.temperature, torch.Tensor) and self.temperature == 0
 
 
 GREEDY = SamplingConfig()  # argmax, confidence under the temperature-1 distribution
+
+
+def repeat_rows(sampling: SamplingConfig, copies: int) -> SamplingConfig:
+    """sampling for a batch whose every row is repeated `copies` times in place (B*copies)."""
+    def repeat(value: Value) -> Value:
+        return value.repeat_interleave(copies) if isinstance(value, torch.Tensor) else value
+    return SamplingConfig(*(repeat(v) for v in (sampling.temperature, sampling.top_k,
+                                                  sampling.top_p, sampling.seed)))
+
+
+def select_rows(sampling: SamplingConfig, index: list[int] | slice) -> SamplingConfig:
+    """sampling for the rows `index` of its batch."""
+    def select(value: Value) -> Value:
+        return value[index] if isinstance(value, torch.Tensor) else value
+    return SamplingConfig(*(select(v) for v in (sampling.temperature, sampling.top_k,
+                                                  sampling.top_p, sampling.seed)))
+
+
+def rows_of(value: Value, like: torch.Tensor) -> torch.Tensor | float:
+    """A per-row tensor value as (B, 1, 1) to broadcast against like (B, L, V); else as is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(like.device)[:, None, None]
+    return value
 
 
 @dataclass
@@ -48,26 +87,48 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seed: int, positions: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """Uniform (0, 1) numbers (B, L, V) keyed by (seed, position, step, token id)."""
-    key = mix32(torch.tensor((seed * 0x9E3779B1 + step * 0x85EBCA77) & MASK32))
-    key = mix32((positions.long() * 0xC2B2AE3D + key) & MASK32)  # (B, L)
+def draw_index(tokens: torch.Tensor, mask_token_id: int) -> torch.Tensor:
+    """The draw key (B,) of block states tokens (B, L): how many positions are revealed."""
+    return (tokens != mask_token_id).sum(dim=1)
+
+
+def uniform_noise(seed: int | torch.Tensor, positions: torch.Tensor, draw: torch.Tensor,
+                  vocab: int) -> torch.Tensor:
+    """Uniform (0, 1) numbers (B, L, V) keyed by (seed, draw, position, token id).
+
+    seed: an int, or (B,) int64 per row; positions: (B, L); draw: (B,) (see `draw_index`).
+    """
+    seed = torch.as_tensor(seed, dtype=torch.long, device=positions.device)
+    key = mix32((mix32(seed & MASK32) + draw.long() * 0x85EBCA77) & MASK32)  # () or (B,)
+    key = mix32((positions.long() * 0xC2B2AE3D + key.expand(positions.shape[0])[:, None])
+                & MASK32)  # (B, L)
     tokens = torch.arange(vocab, device=positions.device)  # (V,)
     bits = mix32((key[..., None] * 0x27D4EB2F + tokens) & MASK32)  # (B, L, V)
     return (bits.double() + 0.5) / 2.0**32
 
 
-def truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+def kth_largest(probs: torch.Tensor, top_k: Value) -> torch.Tensor | None:
+    """The k-th largest probability (B, L, 1), k per row or for all; None if all are kept."""
+    V = probs.shape[-1]
+    if not isinstance(top_k, torch.Tensor):
+        return probs.topk(top_k, dim=-1).values[..., -1:] if 0 < top_k < V else None
+    k = torch.where(top_k > 0, top_k, V).clamp_max(V).to(probs.device)  # (B,), 0 keeps all
+    index = (k - 1)[:, None, None].expand(*probs.shape[:-1], 1)  # (B, L, 1)
+    return probs.sort(dim=-1, descending=True).values.gather(-1, index)
+
+
+def truncate(probs: torch.Tensor, top_k: Value, top_p: Value) -> torch.Tensor:
     """Zero the probabilities outside top-k, then outside the top-p nucleus (B, L, V)."""
-    if top_k and top_k < probs.shape[-1]:
-        kth = probs.topk(top_k, dim=-1).values[..., -1:]  # (B, L, 1)
+    kth = kth_largest(probs, top_k)  # (B, L, 1)
+    if kth is not None:
         probs = torch.where(probs >= kth, probs, 0.0)
         # Top-p measures its nucleus on the top-k survivors, renormalised (as HF and SDAR do).
         probs = probs / probs.sum(-1, keepdim=True)
-    if top_p < 1.0:
+    if isinstance(top_p, torch.Tensor) or top_p < 1.0:
+        top_p = rows_of(top_p, probs)
         sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, L, V)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token
-        keep_sorted = before < top_p  # the top token is always kept
+        keep_sorted = (before < top_p) | (top_p >= 1.0)  # the top token is always kept
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
         probs = torch.where(keep, probs, 0.0)
     return probs
@@ -79,21 +140,29 @@ def full_distribution(logits: torch.Tensor, mask_token_id: int,
     truncation; greedy measures at temperature 1."""
     logits = logits.float().clone()
     logits[..., mask_token_id] = float("-inf")
-    temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+    temperature = rows_of(sampling.temperature, logits)  # a number, or (B, 1, 1)
+    if isinstance(temperature, torch.Tensor):
+        temperature = torch.where(temperature > 0, temperature, 1.0)
+    elif temperature == 0:
+        temperature = 1.0
     return torch.softmax(logits / temperature, dim=-1)
 
 
 def propose(logits: torch.Tensor, mask_token_id: int, sampling: SamplingConfig,
-            positions: torch.Tensor, step: int, with_entropy: bool = False) -> Proposal:
-    """Token and confidence for every position of logits (B, L, V) float32."""
+            positions: torch.Tensor, draw: torch.Tensor, with_entropy: bool = False) -> Proposal:
+    """Token and confidence for every position of logits (B, L, V) float32; draw (B,) is
+    the key of the state the logits are on (`draw_index`), unused by greedy."""
     probs = full_distribution(logits, mask_token_id, sampling)  # (B, L, V)
-    if sampling.temperature == 0:
+    if sampling.greedy:
         confidence, tokens = probs.max(dim=-1)  # (B, L)
     else:
         kept = truncate(probs, sampling.top_k, sampling.top_p)  # (B, L, V)
-        noise = uniform_noise(sampling.seed, positions, step, probs.shape[-1])  # (B, L, V)
+        noise = uniform_noise(sampling.seed, positions, draw, probs.shape[-1])  # (B, L, V)
         # Exponential race: argmax p / E with E ~ Exp(1) draws from p (no host sync).
         tokens = (kept.double() / -noise.log()).argmax(dim=-1)  # (B, L)
+        if isinstance(sampling.temperature, torch.Tensor):  # greedy rows take the argmax
+            greedy_rows = (sampling.temperature.to(probs.device) == 0)[:, None]  # (B, 1)
+            tokens = torch.where(greedy_rows, probs.argmax(dim=-1), tokens)
         confidence = probs.gather(-1, tokens[..., None])[..., 0]  # (B, L)
     entropy = None
     if with_entropy:

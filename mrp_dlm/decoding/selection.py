@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from mrp_dlm.decoding.sampling import GREEDY, propose
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, draw_index, propose
 
 
 def rank_positions(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
@@ -32,13 +32,16 @@ def select_static(confidence: torch.Tensor, eligible: torch.Tensor, quota: int) 
     return eligible & (rank_positions(confidence, eligible) < quota)
 
 
-def threshold_pick(logits: torch.Tensor, eligible: torch.Tensor, mask_token_id: int,
-                   positions: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One greedy step of the dynamic rule with quota 1 on logits (B, L, V): (commit (B, L)
-    bool, tokens (B, L)). Every eligible position whose confidence exceeds `threshold`, else
-    the most confident one; at threshold 1.0 no confidence exceeds it, so this is the static
-    rule's one-token pick. What speculative decoding drafts and verifies."""
-    proposal = propose(logits, mask_token_id, GREEDY, positions, 0)
+def threshold_pick(logits: torch.Tensor, state: torch.Tensor, eligible: torch.Tensor,
+                   mask_token_id: int, positions: torch.Tensor, threshold: float,
+                   sampling: SamplingConfig = GREEDY) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of the dynamic rule with quota 1 on logits (B, L, V) of block states
+    state (B, L): (commit (B, L) bool, tokens (B, L)). Every eligible position whose
+    confidence exceeds `threshold`, else the most confident one; at threshold 1.0 no
+    confidence exceeds it, so this is the static rule's one-token pick. Sampled with the
+    state's draw key. What speculative decoding drafts and verifies."""
+    proposal = propose(logits, mask_token_id, sampling, positions,
+                       draw_index(state, mask_token_id))
     return select_dynamic(proposal.confidence, eligible, 1, threshold), proposal.tokens
 
 

@@ -1,9 +1,15 @@
 """Speculative MRP decoding (lossless): the head drafts, the backbone verifies.
 
-The rule it reproduces is greedy threshold decoding, one step per forward
-(`--mode dynamic --threshold τ`): a step commits every masked position whose confidence
-exceeds τ, else the most confident one (`selection.threshold_pick`). At τ = 1.0 no
-confidence exceeds it, so the rule is static decoding with one token per step.
+The rule it reproduces is threshold decoding, one step per forward (`--mode dynamic
+--threshold τ`): a step commits every masked position whose confidence exceeds τ, else the
+most confident one (`selection.threshold_pick`). At τ = 1.0 no confidence exceeds it, so
+the rule is static decoding with one token per step.
+
+Greedy or sampled: a sampled step draws its random numbers from (seed, the state's draw
+key, position, token), where the draw key is a function of the block state alone
+(`sampling.draw_index`). A draft on state S_j and the verifier's step on S_j therefore use
+the same numbers, so "the backbone's own step on S_j" below is the seeded sampled step the
+rule takes there, and the output is the seeded sampled decode itself, token for token.
 
 Each round (one step of the driver's loop), from the backbone's logits on the current
 block state S_0 (the seed):
@@ -22,8 +28,8 @@ block state S_0 (the seed):
 - commit: the block becomes the last accepted state S_n, and the verify slice of S_n seeds
   the next round, so its first draft is the backbone's free bonus step (no extra forward).
 
-Every committed state is the backbone's own step on the state before it, so the output
-equals the rule's decode token for token (up to float rounding: the step is computed on
+Every committed state is the backbone's own step (with the rule's own draws) on the state
+before it, so the output equals the rule's decode token for token (up to float rounding: the step is computed on
 verify logits, see README); a bad head only lowers acceptance.
 
 Shapes: B batch, L block size, H hidden, V vocab, K lookahead, m <= K + 1 drafts,
@@ -39,8 +45,10 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.drafting import DraftPlanner, Timer
 from mrp_dlm.decoding.driver import BlockContext
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, repeat_rows
 from mrp_dlm.decoding.selection import threshold_pick
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
+from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
 
@@ -57,7 +65,7 @@ class Drafts:
 
 
 def draft(head: MRPHead, backbone: HeadBackbone, seed: BackboneStep, rows: BlockRows,
-          copies: int, threshold: float) -> Drafts:
+          copies: int, threshold: float, sampling: SamplingConfig = GREEDY) -> Drafts:
     """Draft 1: the rule's step on the seed logits; drafts 2..: chained head steps, at most
     `copies` drafts in all, and none once no row has a masked position left.
 
@@ -67,8 +75,8 @@ def draft(head: MRPHead, backbone: HeadBackbone, seed: BackboneStep, rows: Block
     logits, accumulator, state, eligible = seed.logits, seed.hidden, rows.tokens, rows.eligible
     states, valid = [], []
     for index in range(copies):
-        commit, tokens = threshold_pick(logits, eligible, mask_token_id, rows.positions,
-                                        threshold)  # (B, L)
+        commit, tokens = threshold_pick(logits, state, eligible, mask_token_id,
+                                        rows.positions, threshold, sampling)  # (B, L)
         state = torch.where(commit, tokens, state)  # (B, L)
         states.append(state)
         valid.append(commit.any(dim=1))
@@ -82,7 +90,8 @@ def draft(head: MRPHead, backbone: HeadBackbone, seed: BackboneStep, rows: Block
 
 
 def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_token_id: int,
-           positions: torch.Tensor, threshold: float) -> torch.Tensor:
+           positions: torch.Tensor, threshold: float,
+           sampling: SamplingConfig = GREEDY) -> torch.Tensor:
     """Drafts accepted per row (B,): 1 + the leading head drafts the backbone agrees with.
 
     logits: (B, v, L, V) backbone logits of the verify states S_1 .. S_v, v >= m - 1;
@@ -97,8 +106,9 @@ def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_toke
     states = drafts.states[:, :-1].reshape(B * K, L)  # S_1 .. S_K as rows
     rows_logits = logits[:, :K].reshape(B * K, L, -1)  # (B*K, L, V)
     eligible = (states == mask_token_id) & ~frozen.repeat_interleave(K, dim=0)  # (B*K, L)
-    commit, tokens = threshold_pick(rows_logits, eligible, mask_token_id,
-                                    positions.repeat_interleave(K, dim=0), threshold)
+    commit, tokens = threshold_pick(rows_logits, states, eligible, mask_token_id,
+                                    positions.repeat_interleave(K, dim=0), threshold,
+                                    repeat_rows(sampling, K))
     backbone_next = torch.where(commit, tokens, states).view(B, K, L)  # its S_{j+1}
     agree = (backbone_next == drafts.states[:, 1:]).all(dim=2) & drafts.valid[:, 1:]  # (B, K)
     return drafts.valid[:, 0].long() * (1 + agree.long().cumprod(dim=1).sum(dim=1))
@@ -131,6 +141,7 @@ class SpeculativeDecoder:
         self.config, self.head = config, head
         self.copies = config.lookahead + 1
         self.planner = DraftPlanner(config.lookahead, config.adaptive)
+        self.sampling = sampling_of(config)
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows, threshold = step.rows, self.config.threshold
@@ -139,7 +150,7 @@ class SpeculativeDecoder:
         timer = Timer(rows.tokens.device, enabled=probe is not None)
         timer.start()
         drafts = draft(self.head, context.model, step.base, rows, 1 + self.planner.drafts(B),
-                       threshold)
+                       threshold, self.sampling)
         draft_seconds = timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
         context.counters.add_head_steps(m - 1)
@@ -156,7 +167,8 @@ class SpeculativeDecoder:
             self.planner.learn(B)
         frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
         accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
-                          context.schedule.mask_token_id, rows.positions, threshold)  # (B,)
+                          context.schedule.mask_token_id, rows.positions, threshold,
+                          self.sampling)  # (B,)
         head_accepted = (accepted - 1).clamp_min(0)  # (B,)
         if m > 1:
             context.counters.add_rounds(head_accepted, drafts.valid[:, 1])  # rows that drafted

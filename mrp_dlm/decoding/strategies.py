@@ -12,7 +12,7 @@ import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
-from mrp_dlm.decoding.sampling import Proposal, SamplingConfig, propose
+from mrp_dlm.decoding.sampling import Proposal, SamplingConfig, draw_index, propose
 from mrp_dlm.decoding.selection import (select_dynamic, select_entropy_bounded, select_sequential,
                                         select_static)
 from mrp_dlm.decoding.step import Advance, Step
@@ -48,7 +48,8 @@ class StrategyDecoder:
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows = step.rows
-        proposal = propose(step.base.logits, context.schedule.mask_token_id, self.sampling,
-                           rows.positions, step.index, self.config.mode == "entropy")
+        mask_token_id = context.schedule.mask_token_id
+        proposal = propose(step.base.logits, mask_token_id, self.sampling, rows.positions,
+                           draw_index(rows.tokens, mask_token_id), self.config.mode == "entropy")
         commit = select(self.config, proposal, rows.eligible, step.quota)  # (B, L)
         return Advance(torch.where(commit, proposal.tokens, rows.tokens))

@@ -11,7 +11,9 @@ It then
   come from the YAML, else from the model's config.json, else from SGLang's table (SGLang
   alone always takes mask 151669, which is wrong for any model with its own mask id);
 - registers model_type `sdar` with transformers as Qwen3's config (SDAR is Qwen3 layers),
-  so SDAR checkpoints without custom code (ours) load without --trust-remote-code.
+  so SDAR checkpoints without custom code (ours) load without --trust-remote-code;
+- hooks `ForwardBatch.init_new` to attach each batch's per-request sampling parameters and
+  seeds (`sampling.py`), which `MrpSpeculative` samples with.
 Nothing of SGLang is patched on disk. Importing this module imports no SGLang code.
 
 Deliberately not here: the algorithms and the model class.
@@ -39,6 +41,7 @@ def load() -> None:
         os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = MODELS_PACKAGE
     register_algorithms()
     register_block_facts_hook()
+    register_sampling_hook()
     register_sdar_config()
 
 
@@ -69,6 +72,14 @@ def register_block_facts_hook() -> None:
 
     HookRegistry.register("sglang.srt.dllm.config.DllmConfig.from_server_args",
                           block_facts_hook, HookType.AFTER)
+
+
+def register_sampling_hook() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from mrp_dlm.serving.sampling import FORWARD_BATCH_INIT, attach_sampling
+
+    HookRegistry.register(FORWARD_BATCH_INIT, attach_sampling, HookType.AFTER)
 
 
 def block_facts_hook(result, server_args, *args, **kwargs):

@@ -36,14 +36,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from mrp_dlm.decoding.drafting import CostProbe, DraftPlanner, Timer
+from mrp_dlm.decoding.sampling import SamplingConfig, select_rows
 from mrp_dlm.decoding.speculative import Drafts, accept, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,16 @@ class MrpSpeculative(MrpAlgorithm):
         self.planner = DraftPlanner(self.lookahead, self.serving.adaptive)  # by size bucket
         self.last_draft = (0, 0.0)  # head steps and seconds of the last (probe) drafting
 
+    @classmethod
+    def validate_request(cls, req: Any) -> Optional[str]:
+        """Greedy and sampled requests (temperature, top_k, top_p, seed) are served exactly;
+        min_p is not supported."""
+        min_p = getattr(req.sampling_params, "min_p", 0.0)
+        if min_p:
+            return (f"{cls.__name__} samples with temperature, top_k, top_p and seed; "
+                    f"min_p is not supported (got min_p {min_p}): leave it at 0")
+        return None
+
     def run(self, model_runner, forward_batch, algo_states=None):
         head, host = self.model_parts(model_runner)
         B, L = forward_batch.batch_size, self.block_size
@@ -103,8 +115,9 @@ class MrpSpeculative(MrpAlgorithm):
         if probe is not None:
             self.sample(probe, bucket, rounds, seconds)
         positions = forward_batch.positions.view(B, L).long()  # (B, L)
-        seeds = self.settle(states, rounds, logits, hidden, positions)
-        done = self.finish_or_draft(head, host, states, rounds, seeds, positions,
+        sampling = batch_sampling(forward_batch, positions.device)
+        seeds = self.settle(states, rounds, logits, hidden, positions, sampling)
+        done = self.finish_or_draft(head, host, states, rounds, seeds, positions, sampling,
                                     1 + self.planner.drafts(bucket), timer)
         next_ids = [state.accepted if d or state.drafts is None else state.drafts.states[0, -1]
                     for state, d in zip(states, done)]
@@ -149,8 +162,8 @@ class MrpSpeculative(MrpAlgorithm):
         return run_rows(model_runner, rows, L)
 
     def settle(self, states: list[BlockState], rounds: list[Round], logits: torch.Tensor,
-               hidden: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor,
-                                                                            torch.Tensor]]:
+               hidden: torch.Tensor, positions: torch.Tensor, sampling: SamplingConfig
+               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Accept drafts per request; return each request's seed (logits (L, V), hidden (L, H))."""
         seeds, row = [], 0
         for index, (state, round_) in enumerate(zip(states, rounds)):
@@ -158,7 +171,8 @@ class MrpSpeculative(MrpAlgorithm):
             state.forwards += 1
             if round_.verifying:
                 n = int(accept(state.drafts, logits[None, row:row + m], state.prompt[None],
-                               self.mask_id, positions[index:index + 1], self.threshold)[0])
+                               self.mask_id, positions[index:index + 1], self.threshold,
+                               select_rows(sampling, [index]))[0])
                 if m > 1:
                     self.planner.record(torch.tensor([n - 1]),
                                         state.drafts.valid[0, 1:].sum()[None])
@@ -170,8 +184,8 @@ class MrpSpeculative(MrpAlgorithm):
         return seeds
 
     def finish_or_draft(self, head, host, states: list[BlockState], rounds: list[Round],
-                        seeds, positions: torch.Tensor, copies: int, timer: Timer
-                        ) -> list[bool]:
+                        seeds, positions: torch.Tensor, sampling: SamplingConfig,
+                        copies: int, timer: Timer) -> list[bool]:
         """Done blocks, stores, and new drafts (one batched head chain) for the rest.
 
         Draft 1 is the backbone's own step on the seed, so it is accepted at once: even
@@ -190,7 +204,8 @@ class MrpSpeculative(MrpAlgorithm):
         if to_draft:
             timer.start()
             m = self.draft_for(head, host, [states[i] for i in to_draft],
-                               [seeds[i] for i in to_draft], positions[to_draft], copies)
+                               [seeds[i] for i in to_draft], positions[to_draft],
+                               select_rows(sampling, to_draft), copies)
             self.last_draft = (m - 1, timer.stop())
         return done
 
@@ -198,7 +213,7 @@ class MrpSpeculative(MrpAlgorithm):
         return (state.accepted == self.mask_id) & ~state.prompt  # (L,)
 
     def draft_for(self, head, host, states: list[BlockState], seeds, positions: torch.Tensor,
-                  copies: int) -> int:
+                  sampling: SamplingConfig, copies: int) -> int:
         """Draft `copies` candidates (fewer once no request has a mask left) for every
         request in one batched head chain; returns how many were drafted."""
         block = torch.stack([s.accepted for s in states])  # (R, L)
@@ -206,7 +221,7 @@ class MrpSpeculative(MrpAlgorithm):
         seed = BackboneStep(hidden=torch.stack([hidden for _, hidden in seeds]),
                             logits=torch.stack([logits for logits, _ in seeds]))
         drafts = draft(head, host, seed, BlockRows(block, eligible, positions), copies,
-                       self.threshold)
+                       self.threshold, sampling)
         for row, state in enumerate(states):
             state.accepted = drafts.states[row, 0]  # the backbone's own step: exact
             if bool(self.open_positions(state).any()):

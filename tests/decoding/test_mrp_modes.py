@@ -6,6 +6,8 @@
   fresh (zero) heads, block sizes 4 and 16, lookahead K = 1..4, τ = 1.0 and a τ at which
   dynamic steps commit several tokens, a batch of 8 prompts of different lengths, stop
   ids inside a block, max_new_tokens not a multiple of the block size;
+- sampled: speculative with temperature 0.7 / 1.0, with and without top-k / top-p, ==
+  the seeded sampled dynamic decode at the same seed, token for token (any head);
 - per-row acceptance: every row of a batch gets exactly its solo output and rounds;
 - a fresh head (final norm zero, A + C == A): direct == static with L / (1 + K) steps,
   remask (both rules) == dynamic at the same threshold;
@@ -101,10 +103,13 @@ def decode(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     return generate(model, prompts, config, make_decoder(config, head))
 
 
-def mid_block_stop(model: Backbone, prompts: list[list[int]], block_size: int, max_new: int) -> int:
-    """A stop id that greedy static decoding first generates inside a block (not at its end),
-    in some row, past that row's first decode block; the most frequent such token."""
-    config = DecodeConfig(block_size=block_size, max_new_tokens=max_new, stop_token_ids=())
+def mid_block_stop(model: Backbone, prompts: list[list[int]], block_size: int, max_new: int,
+                   config: DecodeConfig | None = None) -> int:
+    """A stop id that `config` (default: greedy static decoding, without stop ids) first
+    generates inside a block (not at its end), in some row, past that row's first decode
+    block; the most frequent such token."""
+    config = config or DecodeConfig(block_size=block_size, max_new_tokens=max_new,
+                                    stop_token_ids=())
     rows = decode(model, prompts, config).token_ids
     counts = Counter()
     for prompt, row in zip(prompts, rows):
@@ -126,13 +131,16 @@ class RuleRun:
 
 
 @functools.lru_cache(maxsize=None)
-def rule_run(seed: int, block_size: int, damped: bool, threshold: float = 1.0) -> RuleRun:
-    """The dynamic rule at `threshold` (1.0: static) on a batch robust under it."""
+def rule_run(seed: int, block_size: int, damped: bool, threshold: float = 1.0,
+             sampling: tuple = ()) -> RuleRun:
+    """The dynamic rule at `threshold` (1.0: static), greedy or with the sampling knobs
+    `sampling` (DecodeConfig items), on a batch robust under it."""
     model = backbone(seed, block_size, damped)
-    prompts = robust_batch(seed, block_size, damped, rule_config(block_size, threshold))
+    rule = rule_config(block_size, threshold, **dict(sampling))
+    prompts = robust_batch(seed, block_size, damped, rule)
     max_new = MAX_NEW[block_size]
-    stops = (mid_block_stop(model, prompts, block_size, max_new),)
-    config = rule_config(block_size, threshold, stop_token_ids=stops)
+    stops = (mid_block_stop(model, prompts, block_size, max_new, rule),)
+    config = rule_config(block_size, threshold, stop_token_ids=stops, **dict(sampling))
     return RuleRun(prompts, stops, decode(model, prompts, config))
 
 
@@ -187,6 +195,75 @@ def test_speculative_equals_its_rule_for_any_head(block_size, lookahead, thresho
     assert histogram[1] > 0, histogram
     if lookahead >= 2 and threshold == 1.0:
         assert sum(histogram[2:]) > 0, histogram
+
+
+# Seeded sampling: the rule samples every proposal with the draws of (seed, state, position,
+# token), so speculation reproduces the sampled decode itself, not only its distribution.
+SAMPLINGS = {
+    "t0.7": dict(temperature=0.7, seed=11),
+    "t1.0": dict(temperature=1.0, seed=12),
+    "t0.7-top_k": dict(temperature=0.7, top_k=3, seed=13),
+    "t1.0-top_p": dict(temperature=1.0, top_p=0.8, seed=14),
+    "t1.0-top_k-top_p": dict(temperature=1.0, top_k=4, top_p=0.6, seed=15),
+}
+SAMPLED_MODELS = [(0, False), (5, True)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("threshold", THRESHOLDS)
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_sampled_speculative_equals_its_seeded_sampled_rule(block_size, threshold, sampling):
+    knobs = tuple(SAMPLINGS[sampling].items())
+    histogram = [0, 0, 0, 0]
+    for seed, damped in SAMPLED_MODELS:
+        model = backbone(seed, block_size, damped)
+        run = rule_run(seed, block_size, damped, threshold, knobs)
+        rule = run.result
+        assert any(len(row) < MAX_NEW[block_size] for row in rule.token_ids), "no row stopped"
+        for lookahead in (1, 3) if block_size == 4 else (3,):
+            config = DecodeConfig(mode="speculative", block_size=block_size,
+                                  lookahead=lookahead, threshold=threshold,
+                                  max_new_tokens=MAX_NEW[block_size], stop_token_ids=run.stops,
+                                  adaptive=False, **dict(knobs))
+            for name in ("zero", "bad"):  # a head that predicts no change, a random one
+                make_head = HEADS[name]
+                result = decode(model, run.prompts, config, make_head(model, seed + lookahead))
+                assert result.token_ids == rule.token_ids, (
+                    f"seed {seed} damped {damped} K {lookahead} head {name}: "
+                    + describe_mismatch(result.token_ids, rule.token_ids))
+                assert result.stats.committed == rule.stats.committed
+                histogram = [a + b for a, b in zip(histogram, result.stats.accept_histogram
+                                                   + [0] * (3 - lookahead))]
+    assert histogram[1] > 0, histogram  # not vacuous: sampled head drafts were accepted
+
+
+@pytest.mark.parametrize("block_size,threshold,sampling", [
+    (4, 1.0, "t1.0-top_p"), (16, 0.2, "t0.7-top_k"), (16, 1.0, "t1.0"),
+])
+def test_sampled_batch_rows_equal_solo_rows(block_size, threshold, sampling):
+    # A row's draws depend on the seed, its positions and its state only.
+    knobs = tuple(SAMPLINGS[sampling].items())
+    model = backbone(1, block_size, True)
+    run = rule_run(1, block_size, True, threshold, knobs)
+    config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=3,
+                          threshold=threshold, max_new_tokens=MAX_NEW[block_size],
+                          stop_token_ids=run.stops, adaptive=False, **dict(knobs))
+    head = HEADS["mild"](model, 1)
+    batch = decode(model, run.prompts, config, head)
+    assert batch.token_ids == run.result.token_ids
+    for index, prompt in enumerate(run.prompts):
+        assert decode(model, [prompt], config, head).token_ids[0] == batch.token_ids[index]
+
+
+def test_sampled_decode_depends_on_the_seed():
+    # Not vacuous: the sampled cases above differ from greedy and from another seed.
+    run = rule_run(0, 16, False, 1.0, tuple(SAMPLINGS["t1.0"].items()))
+    model = backbone(0, 16)
+    greedy = decode(model, run.prompts, rule_config(16, 1.0, stop_token_ids=run.stops))
+    other = decode(model, run.prompts, rule_config(16, 1.0, stop_token_ids=run.stops,
+                                                   temperature=1.0, seed=99))
+    assert run.result.token_ids != greedy.token_ids
+    assert run.result.token_ids != other.token_ids
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
@@ -341,18 +418,22 @@ def test_direct_matches_reference(block_size, steps, lookahead, sampling):
             != decode(model, [prompt_of(8, 48)], config, random_head(model, 7, norm=0.3)).token_ids)
 
 
-@pytest.mark.parametrize("block_size,lookahead,head_kind,damped,threshold", [
-    (4, 1, "bad", False, 1.0), (4, 3, "mild", False, 1.0), (8, 2, "bad", False, 1.0),
-    (8, 4, "zero", True, 1.0), (4, 3, "mild", False, 0.2), (8, 4, "zero", True, 0.2),
+@pytest.mark.parametrize("block_size,lookahead,head_kind,damped,threshold,sampling", [
+    (4, 1, "bad", False, 1.0, ""), (4, 3, "mild", False, 1.0, ""), (8, 2, "bad", False, 1.0, ""),
+    (8, 4, "zero", True, 1.0, ""), (4, 3, "mild", False, 0.2, ""), (8, 4, "zero", True, 0.2, ""),
+    (4, 3, "mild", False, 1.0, "t1.0"), (8, 2, "bad", True, 0.2, "t0.7-top_k"),
+    (8, 4, "zero", True, 1.0, "t1.0-top_p"),
 ])
-def test_speculative_matches_reference(block_size, lookahead, head_kind, damped, threshold):
+def test_speculative_matches_reference(block_size, lookahead, head_kind, damped, threshold,
+                                       sampling):
     model = backbone(7, block_size, damped)
     head = HEADS[head_kind](model, 7)
+    knobs = SAMPLINGS.get(sampling, {})
     config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=lookahead,
                           threshold=threshold, max_new_tokens=MAX_NEW[block_size],
-                          stop_token_ids=(), adaptive=False)
+                          stop_token_ids=(), adaptive=False, **knobs)
     rule = DecodeConfig(mode="dynamic", threshold=threshold, block_size=block_size,
-                        max_new_tokens=MAX_NEW[block_size], stop_token_ids=())
+                        max_new_tokens=MAX_NEW[block_size], stop_token_ids=(), **knobs)
     for prompt, trace in check_reference(model, head, config):
         assert trace.token_ids == reference_generate(model, prompt, rule)
 
@@ -441,7 +522,6 @@ def test_mrp_mode_without_head(mode):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(mode="speculative", temperature=0.5), r"cannot sample"),
     (dict(mode="direct", lookahead=0), r"lookahead must be >= 1, got 0"),
     (dict(mode="speculative", lookahead=-1), r"lookahead must be >= 1, got -1"),
     (dict(mode="remask", remask_rule="entropy"), r"unknown remask_rule 'entropy'"),
@@ -483,10 +563,12 @@ def test_head_on_another_backbone_fails(tmp_path):
 
 # --- CLI ------------------------------------------------------------------------------------
 
-def test_cli_generate_speculative_json(saved_model_and_head, capsys):
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "1.0", "--top-p", "0.9",
+                                             "--seed", "4"]])
+def test_cli_generate_speculative_json(saved_model_and_head, capsys, sampling):
     model_dir, head_dir = saved_model_and_head
     common = ["generate", "--model", str(model_dir), "--prompt", "What is 7 + 5?",
-              "--max-new-tokens", "11", "--json"]
+              "--max-new-tokens", "11", "--json", *sampling]
     code, out, err = run_cli(capsys, *common, "--mode", "speculative", "--lookahead", "3",
                              "--head", str(head_dir))
     assert code == 0, err

@@ -30,6 +30,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.masks import block_causal_mask
+from mrp_dlm.serving.sampling import attach_sampling
 
 
 class PlainPlan:
@@ -92,10 +93,14 @@ class FakeRunner:
         return self.backbone(tokens, torch.arange(S)[None], mask)[0, prefix:]  # (L, H)
 
 
+GREEDY_PARAMS = SimpleNamespace(temperature=1.0, top_k=1, top_p=1.0, sampling_seed=None)
+
+
 @dataclass
 class FakeRequest:
     prompt: list[int]
     max_new: int
+    sampling_params: Any = field(default_factory=lambda: GREEDY_PARAMS)  # SGLang's form (greedy: top_k 1)
     row: int = -1  # request-table row
     offset: int = 0  # first position of the current block
     block: list[int] | None = None  # the carried block (FDFO), None at a block start
@@ -122,7 +127,7 @@ def batch_of(runner: FakeRunner, requests: list[FakeRequest]) -> ForwardBatch:
     prefix = [r.offset for r in requests]
     seq = torch.tensor([p + L for p in prefix])  # (B,)
     out_loc = torch.cat([table[r.row, r.offset:r.offset + L] for r in requests]).long()
-    return ForwardBatch(
+    batch = ForwardBatch(
         forward_mode=ForwardMode.DLLM_EXTEND, batch_size=B,
         input_ids=torch.tensor([t for r in requests for t in r.block]),  # (B*L,)
         req_pool_indices=rows, seq_lens=seq, out_cache_loc=out_loc, seq_lens_sum=int(seq.sum()),
@@ -132,13 +137,18 @@ def batch_of(runner: FakeRunner, requests: list[FakeRequest]) -> ForwardBatch:
         extend_seq_lens=torch.full((B,), L, dtype=torch.int32),
         extend_prefix_lens_cpu=list(prefix), extend_seq_lens_cpu=[L] * B,
         extend_num_tokens=B * L)
+    # What the plugin's hook after ForwardBatch.init_new attaches in SGLang.
+    return attach_sampling(batch, ForwardBatch, SimpleNamespace(reqs=requests), runner)
 
 
 def serve(runner: FakeRunner, algorithm, prompts: list[list[int]], max_new: int,
-          mask_token_id: int, max_rounds: int = 2000) -> list[list[int]]:
-    """Decode all prompts together in FDFO rounds; the first max_new tokens of each."""
+          mask_token_id: int, max_rounds: int = 2000, params: list[Any] | None = None
+          ) -> list[list[int]]:
+    """Decode all prompts together in FDFO rounds (sampling params per request, default
+    greedy); the first max_new tokens of each."""
     L = runner.block_size
-    requests = [FakeRequest(prompt, max_new) for prompt in prompts]
+    params = params or [GREEDY_PARAMS] * len(prompts)
+    requests = [FakeRequest(prompt, max_new, p) for prompt, p in zip(prompts, params)]
     rows = runner.req_to_token_pool.alloc_rows(len(requests))
     for request, row in zip(requests, rows):
         request.row = row

@@ -75,10 +75,12 @@ def stop_engine(engine) -> None:
                 logger.removeHandler(handler)
 
 
-def generate_ids(engine, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy output ids per prompt, decoded together in one batch."""
+def generate_ids(engine, prompts: list[list[int]], max_new_tokens: int,
+                 sampling: dict | None = None) -> list[list[int]]:
+    """Output ids per prompt, decoded together in one batch: greedy, or with the SGLang
+    sampling params `sampling` (temperature, top_p, sampling_seed, ...)."""
     outputs = engine.generate(input_ids=prompts, sampling_params={
-        "max_new_tokens": max_new_tokens, "temperature": 0})
+        "max_new_tokens": max_new_tokens, "temperature": 0, **(sampling or {})})
     return [list(out["output_ids"]) for out in outputs]
 
 

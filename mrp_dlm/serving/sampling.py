@@ -1,0 +1,75 @@
+"""Per-request sampling for `MrpSpeculative` inside SGLang: each request's temperature,
+top-k, top-p and seed as the per-row `SamplingConfig` the library's draft and accept take.
+
+SGLang hands a request's sampling parameters over as it normalised them: temperature 0
+arrives as (temperature 1.0, top_k 1), and "all tokens" as top_k = 1 << 30. A row with
+top_k 1 is greedy here. The seed is the request's `sampling_seed` (`seed` in the OpenAI
+API, `sampling_params.sampling_seed` in `/generate`); a request without one gets a fresh
+random seed the first time it is batched, kept on the request for its whole life, so every
+round of every block draws from one seed. Seeds are used modulo 2**32, as the library's.
+
+The rows' parameters are read on the host from the batch's requests by a hook after
+`ForwardBatch.init_new` (`attach_sampling`, registered by the plugin), so no device value
+is read back to decide whether a batch is all greedy.
+
+Deliberately not here: the draws themselves (`decoding/sampling.py`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import torch
+
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig
+
+SEED_ATTRIBUTE = "mrp_sampling_seed"  # the fresh seed of a request sent without one
+BATCH_ATTRIBUTE = "mrp_sampling"  # the ForwardBatch's rows' SamplingConfig (host tensors)
+FORWARD_BATCH_INIT = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
+
+
+def request_seed(req: Any) -> int:
+    """The request's own seed, else its fresh one (drawn once, then kept on the request)."""
+    seed = req.sampling_params.sampling_seed
+    if seed is None:
+        seed = getattr(req, SEED_ATTRIBUTE, None)
+        if seed is None:
+            seed = secrets.randbits(32)
+            setattr(req, SEED_ATTRIBUTE, seed)
+    return seed
+
+
+def rows_sampling(reqs: list[Any]) -> SamplingConfig:
+    """The requests' SamplingConfig: GREEDY when all are greedy, else (B,) CPU tensors."""
+    params = [req.sampling_params for req in reqs]
+    greedy = [p.top_k == 1 for p in params]
+    if all(greedy):
+        return GREEDY
+    return SamplingConfig(
+        temperature=torch.tensor([0.0 if g else p.temperature for g, p in zip(greedy, params)]),
+        top_k=torch.tensor([0 if g or p.top_k >= 1 << 30 else p.top_k
+                            for g, p in zip(greedy, params)]),
+        top_p=torch.tensor([1.0 if g else p.top_p for g, p in zip(greedy, params)]),
+        seed=torch.tensor([request_seed(req) & 0xFFFFFFFF for req in reqs]))
+
+
+def attach_sampling(result: Any, cls: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """After the classmethod ForwardBatch.init_new(cls, batch, ...): the rows'
+    SamplingConfig, read from batch.reqs."""
+    reqs = getattr(batch, "reqs", None)
+    if result is not None and reqs is not None:
+        setattr(result, BATCH_ATTRIBUTE, rows_sampling(reqs))
+    return result
+
+
+def batch_sampling(forward_batch: Any, device: torch.device) -> SamplingConfig:
+    """The rows' SamplingConfig on `device` (a clear error if the plugin hook is missing)."""
+    sampling = getattr(forward_batch, BATCH_ATTRIBUTE, None)
+    if sampling is None:
+        raise RuntimeError("the mrp-dlm plugin's sampling hook did not run on this batch; "
+                           "is the plugin loaded in the scheduler process (SGLANG_PLUGINS)?")
+    if sampling.greedy:
+        return sampling
+    return SamplingConfig(*(value.to(device) for value in (
+        sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)))
