@@ -11,7 +11,11 @@ It then
   come from the YAML, else from the model's config.json, else from SGLang's table (SGLang
   alone always takes mask 151669, which is wrong for any model with its own mask id);
 - registers model_type `sdar` with transformers as Qwen3's config (SDAR is Qwen3 layers),
-  so SDAR checkpoints without custom code (ours) load without --trust-remote-code.
+  so SDAR checkpoints without custom code (ours) load without --trust-remote-code;
+- hooks the scheduler's dLLM result processing to count the serving stats of
+  MrpSpeculative, MrpDirect and LowConfidence on SDAR models (`stats.py`: log and metrics);
+- hooks the OpenAI endpoints so `--preferred-sampling-params` applies to the fields a
+  request leaves out, as it does on `/generate` (`request_defaults.py`).
 Nothing of SGLang is patched on disk. Importing this module imports no SGLang code.
 
 Deliberately not here: the algorithms and the model class.
@@ -21,6 +25,9 @@ from __future__ import annotations
 
 import logging
 import os
+
+from mrp_dlm.serving.request_defaults import register_request_defaults
+from mrp_dlm.serving.stats import register_stats_hook
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,8 @@ def load() -> None:
     register_algorithms()
     register_block_facts_hook()
     register_sdar_config()
+    register_stats_hook()
+    register_request_defaults()
 
 
 def register_algorithms() -> None:
