@@ -61,9 +61,9 @@ class ServeConfig:
     model: str | None = None  # checkpoint directory (HF format); unset: the embedded model
     head: str | None = None  # MRP head directory; unset: the embedded head with the embedded model
     algorithm: str = "MrpSpeculative"  # MrpSpeculative (lossless), MrpDirect or LowConfidence
-    threshold: float | None = None  # the rule MrpSpeculative reproduces and LowConfidence runs (1.0: static); unset: mrp generate's default
-    lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (MrpSpeculative) or head commits per forward (MrpDirect)
-    adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay (off: always K)
+    threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
+    lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
+    adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay
     port: int = 30000  # HTTP port on 127.0.0.1
     device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
 
@@ -287,7 +287,8 @@ def describe(config: ServeConfig, plan: LaunchPlan) -> str:
             f"{plan.device} {plan.checkpoint.dtype}")
 
 
-EXAMPLE_PROMPT = "Tom has 3 apples. He buys 5 more. How many apples does he have?"
+EXAMPLE_PROMPT = ("Tom has 3 apples. He buys 5 more. Then he eats 2 of them. "
+                  "How many apples are left?")
 
 
 def ready_message(plan: LaunchPlan) -> str:

@@ -3,9 +3,10 @@ it started.
 
 SGLang's server is a process tree: the HTTP server and its scheduler and detokenizer
 (`spawn` children). It runs in a session of its own, so a Ctrl-C in the terminal reaches
-`mrp serve` only, which then stops the whole tree: SIGTERM to the process group (SGLang's
-own handler stops its children), and after GRACE_SECONDS SIGKILL to the group and to every
-descendant seen while it ran. SIGTERM to `mrp serve` does the same as Ctrl-C.
+`mrp serve` only, which then stops the whole tree: SIGTERM to SGLang's main process (its
+handler drains and stops its children; a SIGTERM to them too would read as a crash), and
+after GRACE_SECONDS SIGKILL to the process group and to every descendant seen while it
+ran. SIGTERM to `mrp serve` does the same as Ctrl-C.
 
 Deliberately not here: which command to run (see `launch.py`); printing (the CLI prints
 what `serve` hands to `announce`).
@@ -83,11 +84,14 @@ def signal_group(pid: int, signum: int) -> None:
 
 
 def stop(process: subprocess.Popen, seen: list) -> None:
-    """Stop the server's process group and every descendant in `seen` (psutil processes)."""
+    """Stop the server: SIGTERM to its main process (SGLang then stops its children), and
+    after GRACE_SECONDS SIGKILL to its process group and to every descendant in `seen`
+    (psutil processes) or still attached."""
     import psutil
 
     tree = {p.pid: p for p in seen + descendants(process.pid)}
-    signal_group(process.pid, signal.SIGTERM)
+    if process.poll() is None:
+        process.terminate()
     deadline = time.monotonic() + GRACE_SECONDS
     try:
         process.wait(timeout=GRACE_SECONDS)

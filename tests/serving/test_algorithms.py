@@ -415,3 +415,24 @@ def test_launch_errors(algorithm):
         algorithm.configure_server_args(args(dllm_fdfo=False))
     with pytest.raises(ServingConfigError, match="dllm-algorithm-config"):
         algorithm.configure_server_args(args(dllm_algorithm_config=None))
+
+
+def test_metric_sink_exports_what_changed():
+    from prometheus_client import REGISTRY  # an SGLang dependency
+
+    from mrp_dlm.serving.stats import RequestForward, ServingStats, metric_sink
+
+    stats, sink = ServingStats("SinkTest"), metric_sink()
+    stats.record([RequestForward("r", generating=False, finished=False, returned=0)])
+    stats.record([RequestForward("r", generating=True, finished=True, returned=5)])
+    stats.record_round(drafted=3, accepted=2)
+    sink.export(stats)
+    sink.export(stats)  # nothing changed: nothing added
+
+    def value(name: str) -> float:
+        return REGISTRY.get_sample_value(f"{name}_total", {"algorithm": "SinkTest"})
+
+    assert [value(name) for name in ("mrp_dlm_requests", "mrp_dlm_generated_tokens",
+                                     "mrp_dlm_forwards", "mrp_dlm_prefill_forwards",
+                                     "mrp_dlm_draft_rounds", "mrp_dlm_drafts",
+                                     "mrp_dlm_accepted_drafts")] == [1, 5, 1, 1, 1, 3, 2]
