@@ -168,10 +168,14 @@ def read_checkpoint(directory: Path) -> Checkpoint:
     if dtype not in DTYPE_BYTES:
         raise CheckpointError(f"{directory / 'config.json'}: dtype {dtype!r} is not one of "
                               f"{', '.join(DTYPE_BYTES)}")
-    heads = raw["num_attention_heads"]
-    head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
-    kv_heads = raw.get("num_key_value_heads") or heads
-    kv_bytes = 2 * raw["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
+    try:
+        heads = raw["num_attention_heads"]
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+        kv_heads = raw.get("num_key_value_heads") or heads
+        kv_bytes = 2 * raw["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
+    except KeyError as error:
+        raise CheckpointError(f"{directory / 'config.json'} lacks the key "
+                              f"{error.args[0]!r}") from error
     return Checkpoint(directory=directory, dtype=dtype, parameters=parameters,
                       kv_bytes_per_token=kv_bytes,
                       context_len=int(raw.get("max_position_embeddings", 32768)))

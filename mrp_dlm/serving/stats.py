@@ -141,10 +141,12 @@ class MetricSink:
         self.exported: dict[str, dict[str, int]] = {}  # algorithm -> counter values sent
 
     def export(self, stats: ServingStats) -> None:
+        """Every counter of the algorithm appears (0 until it moves), then grows with it."""
         sent = self.exported.setdefault(stats.algorithm, dict.fromkeys(METRICS, 0))
         for key, value in stats.counters().items():
+            counter = self.counters[key].labels(algorithm=stats.algorithm)
             if value > sent[key]:
-                self.counters[key].labels(algorithm=stats.algorithm).inc(value - sent[key])
+                counter.inc(value - sent[key])
                 sent[key] = value
 
 

@@ -423,6 +423,8 @@ def test_metric_sink_exports_what_changed():
     from mrp_dlm.serving.stats import RequestForward, ServingStats, metric_sink
 
     stats, sink = ServingStats("SinkTest"), metric_sink()
+    sink.export(stats)
+    assert REGISTRY.get_sample_value("mrp_dlm_drafts_total", {"algorithm": "SinkTest"}) == 0
     stats.record([RequestForward("r", generating=False, finished=False, returned=0)])
     stats.record([RequestForward("r", generating=True, finished=True, returned=5)])
     stats.record_round(drafted=3, accepted=2)
