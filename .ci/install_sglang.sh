@@ -5,9 +5,10 @@
 # that keeps torch at the installed version (2.13.0 CPU on a fresh machine), pinned as
 # SGLang pins them (the rest at the versions these tests ran with).
 # Then writes a .pth hook that installs the CPU import stand-ins (triton, torchvision,
-# sgl_kernel; see tests/serving/cpu_standins.py) in every Python process, SGLang's
-# subprocesses included, but only when MRP_SGLANG_CPU_STANDINS names that file (the tests
-# set it). Idempotent: a second run checks the versions and only rewrites the hook.
+# sgl_kernel, soundfile; see mrp_dlm/serving/cpu_standins.py) in every Python process,
+# SGLang's subprocesses included, but only when MRP_SGLANG_CPU_STANDINS names that file (the
+# tests set it; `mrp serve` needs no hook). Idempotent: a second run checks the versions and
+# only rewrites the hook.
 # A GPU host does not use this script: there, `pip install -e '.[sglang]'` (see docs/serving.md).
 set -euo pipefail
 
@@ -16,7 +17,7 @@ PY=${PYTHON:-python}
 # name==version (SGLang's pins first), or a bare name where the machine's own copy is used.
 PACKAGES=(
   sglang==0.5.23 apache-tvm-ffi==0.1.11 xgrammar==0.2.7 openai==2.8.0 sentencepiece==0.2.1
-  compressed-tensors==0.18.0
+  compressed-tensors==0.18.0 transformers==5.19.0
   pybase64==1.5.1 starlette==1.10.0 fastapi==0.165.0 opentelemetry-api==1.45.2
   uvicorn==0.54.0 msgspec==0.23.0 pyzmq==27.3.0 uvloop==0.23.0 dill==0.4.1 loguru==0.7.3
   gguf==0.19.0 httpx==0.28.1 distro==1.9.0 partial-json-parser==0.2.1.1.post7
@@ -25,7 +26,7 @@ PACKAGES=(
   aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1
   aiosignal==1.4.0 frozenlist==1.8.0
   pydantic orjson requests psutil pyyaml pillow huggingface-hub regex anyio h11 sniffio
-  filelock packaging scipy jsonschema safetensors tokenizers transformers numpy tqdm ipython
+  filelock packaging scipy jsonschema safetensors tokenizers numpy tqdm ipython
 )
 
 missing=$("$PY" - "${PACKAGES[@]}" <<'PYEOF'

@@ -16,6 +16,7 @@ from mrp_dlm.eval.runner import EVAL_BATCH_SIZE
 from mrp_dlm.eval.tasks.registry import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
 from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES
+from mrp_dlm.serving.launch import ServeConfig
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -205,6 +206,31 @@ def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace, serve_fields: list[str]) -> int:
+    from mrp_dlm.serving.process import serve
+
+    config = build_dataclass(ServeConfig, args, serve_fields)
+    extra = args.sglang_args[1:] if args.sglang_args[:1] == ["--"] else args.sglang_args
+    code = serve(config, extra, lambda text: print(text, flush=True))
+    if code:
+        print(f"mrp: error: the SGLang server exited with code {code}", file=sys.stderr)
+    return code
+
+
+def add_serve_parser(commands) -> list[str]:
+    """`mrp serve`; returns its ServeConfig flag names."""
+    serve = commands.add_parser(
+        "serve", help="serve a checkpoint through SGLang (OpenAI API on 127.0.0.1)",
+        description="Serve a checkpoint (default: the embedded model and its MRP head) "
+                    "through SGLang with its OpenAI-compatible API on 127.0.0.1; the flags "
+                    "SGLang needs (device, dtype, KV pool, algorithm YAML) are chosen here. "
+                    "Ctrl-C stops it. Needs the sglang extra (docs/serving.md).")
+    fields = add_dataclass_flags(serve, ServeConfig)
+    serve.add_argument("sglang_args", nargs=argparse.REMAINDER,
+                       help="after --: more SGLang server flags, e.g. -- --enable-metrics")
+    return fields
+
+
 def add_task_flags(parser: argparse.ArgumentParser, batch_size: int) -> None:
     """--task, --data, --limit, --batch-size and --out of `mrp eval` and `mrp bench`."""
     parser.add_argument("--task", required=True, choices=TASK_NAMES, help="benchmark task")
@@ -252,6 +278,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     fields["generate"] = add_dataclass_flags(gen, DecodeConfig, skip=("stop_token_ids",))
 
     fields.update(add_eval_parsers(commands))
+    fields["serve"] = add_serve_parser(commands)
 
     demo = commands.add_parser("demo", help="solve held-out problems with several modes")
     add_model_flags(demo)
@@ -282,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args, fields["bench"])
         if args.command == "demo":
             return cmd_demo(args)
+        if args.command == "serve":
+            return cmd_serve(args, fields["serve"])
         if args.command == "train" and args.target == "backbone":
             return cmd_train_backbone(args, fields["train backbone"])
         if args.command == "train" and args.target == "head":

@@ -82,14 +82,32 @@ def read_head_meta(directory: Path) -> tuple[HeadConfig, Fingerprint]:
         raise CheckpointError(f"{directory / 'config.json'}: {error}") from error
 
 
+HASHABLE_DTYPES = (torch.float32, torch.bfloat16)  # loads whose lm_head hash is the checkpoint's
+
+
+def mismatch_message(directory: Path, differences: list[str], dtype: torch.dtype) -> str:
+    """Why a head does not fit: another backbone, or (when only the lm_head hash differs
+    and the backbone was loaded in a dtype that changes it) the load's dtype."""
+    if len(differences) == 1 and differences[0].startswith("lm_head_sha256") \
+            and dtype not in HASHABLE_DTYPES:
+        name = str(dtype).removeprefix("torch.")
+        return (f"the head in {directory} cannot be checked against a model loaded in {name}: "
+                f"its fingerprint hashes the lm_head rounded to bfloat16, which a float32 or "
+                f"bfloat16 load of the checkpoint reproduces and a {name} load does not. Load "
+                f"the model in its checkpoint's dtype (SGLang: --dtype float32 or bfloat16; "
+                f"`mrp serve` passes the checkpoint's own)")
+    return (f"the head in {directory} was trained on another backbone: "
+            + "; ".join(differences))
+
+
 def load_head(directory: str | Path, backbone: Backbone, block_size: int | None = None) -> MRPHead:
     """Load a head for `backbone` (same dtype and device), checking the fingerprint."""
     directory = Path(directory)
     config, saved = read_head_meta(directory)
     differences = saved.differences(fingerprint_of(backbone, block_size))
     if differences:
-        raise CheckpointError(f"the head in {directory} was trained on another backbone: "
-                              + "; ".join(differences))
+        raise CheckpointError(mismatch_message(directory, differences,
+                                               backbone.lm_head.weight.dtype))
     weights = directory / SINGLE_FILE
     if not weights.is_file():
         raise CheckpointError(f"missing file: {weights}")

@@ -5,9 +5,11 @@ Errors, each with a message that says what to do:
 - at launch: tensor parallelism > 1, `--no-dllm-fdfo` (the algorithms are written for
   first-done-first-out scheduling), a bad YAML, a missing head directory, a head whose
   fingerprint does not match the model or the block size (raised while the model loads);
-- per request: sampling. The MRP modes here decode greedily (speculative reproduces
-  `LowConfidence` at its threshold token for token); SGLang turns temperature 0 into top_k 1, so any request with
-  top_k != 1 is refused.
+- per request: sampling (`sampling_refusal`, the one place that decides it).
+  `MrpSpeculative` serves greedy and sampled requests (temperature, top_k, top_p, seed;
+  see `sampling.py`) but not min_p. `MrpDirect` decodes greedily; SGLang turns temperature
+  0 into top_k 1, so a request with top_k != 1 is refused there with HTTP 400 and a message
+  that says how to fix it.
 
 Deliberately not here: the per-round logic (see `speculative.py`, `direct.py`).
 
@@ -59,12 +61,7 @@ class MrpAlgorithm(DllmAlgorithm):
 
     @classmethod
     def validate_request(cls, req: Any) -> Optional[str]:
-        params = req.sampling_params
-        if params.top_k != 1:
-            return (f"{cls.__name__} decodes greedily (it reproduces greedy threshold decoding); send "
-                    f"temperature 0 (got temperature {params.temperature}, top_k "
-                    f"{params.top_k})")
-        return None
+        return sampling_refusal(cls.__name__, req.sampling_params)
 
     def model_parts(self, model_runner: Any):
         """(head, host) of the served model; a clear error if it carries no head."""
@@ -75,6 +72,30 @@ class MrpAlgorithm(DllmAlgorithm):
                                "with its head loaded; is the mrp-dlm plugin installed and "
                                "SGLANG_PLUGINS (if set) naming it?")
         return head, host
+
+
+GREEDY_REASONS = {  # why an algorithm decodes greedily, for its refusal of sampling
+    "MrpDirect": "commits the top pick of the backbone and of K head steps per forward",
+}
+
+
+def sampling_refusal(algorithm: str, params: Any) -> Optional[str]:
+    """Why `algorithm` refuses a request's sampling params; None when it serves them.
+
+    SGLang turns temperature 0 into top_k 1, so any other top_k samples. This is the one
+    place that decides which requests the MRP algorithms serve."""
+    if algorithm not in GREEDY_REASONS:  # MrpSpeculative: exact under sampling too
+        min_p = getattr(params, "min_p", 0.0)
+        if min_p:
+            return (f"{algorithm} samples with temperature, top_k, top_p and seed; min_p is "
+                    f"not supported (got min_p {min_p}): leave it at 0")
+        return None
+    if params.top_k == 1:
+        return None
+    return (f"{algorithm} decodes greedily (it {GREEDY_REASONS[algorithm]}): send temperature "
+            f"0, or leave temperature out on a server started with --preferred-sampling-params "
+            f"'{{\"temperature\": 0}}' (as `mrp serve` does); got temperature "
+            f"{params.temperature}, top_k {params.top_k}")
 
 
 def no_fdfo_message(name: str) -> str:

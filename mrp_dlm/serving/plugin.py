@@ -13,7 +13,11 @@ It then
 - registers model_type `sdar` with transformers as Qwen3's config (SDAR is Qwen3 layers),
   so SDAR checkpoints without custom code (ours) load without --trust-remote-code;
 - hooks `ForwardBatch.init_new` to attach each batch's per-request sampling parameters and
-  seeds (`sampling.py`), which `MrpSpeculative` samples with.
+  seeds (`sampling.py`), which `MrpSpeculative` samples with;
+- hooks the scheduler's dLLM result processing to count the serving stats of
+  MrpSpeculative, MrpDirect and LowConfidence on SDAR models (`stats.py`: log and metrics);
+- hooks the OpenAI endpoints so `--preferred-sampling-params` applies to the fields a
+  request leaves out, as it does on `/generate` (`request_defaults.py`).
 Nothing of SGLang is patched on disk. Importing this module imports no SGLang code.
 
 Deliberately not here: the algorithms and the model class.
@@ -23,6 +27,9 @@ from __future__ import annotations
 
 import logging
 import os
+
+from mrp_dlm.serving.request_defaults import register_request_defaults
+from mrp_dlm.serving.stats import register_stats_hook
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,8 @@ def load() -> None:
     register_block_facts_hook()
     register_sampling_hook()
     register_sdar_config()
+    register_stats_hook()
+    register_request_defaults()
 
 
 def register_algorithms() -> None:

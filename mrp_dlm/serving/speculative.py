@@ -20,6 +20,7 @@ With `adaptive` (the YAML's, default on) the chain drafts only the head drafts t
 and a row per request, learnt per batch-size bucket from this server's own timed
 forwards); with none, a request's next forward is its one row, as `LowConfidence`'s.
 
+Each drafting round's verified and accepted drafts go to the serving stats (`stats.py`).
 Scratch rows and slots are freed inside the same call. Acceptance is per request: no
 request waits for another. The rule is `LowConfidence`'s at the YAML's `threshold` (every
 masked position above it, else the most confident; 1.0: static decoding, one token per
@@ -34,7 +35,6 @@ Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidate
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -46,9 +46,8 @@ from mrp_dlm.decoding.speculative import Drafts, accept, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
 from mrp_dlm.serving.sampling import batch_sampling
+from mrp_dlm.serving.stats import stats_of
 from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,7 +57,6 @@ class BlockState:
     accepted: torch.Tensor  # (L,) the block as accepted so far
     prompt: torch.Tensor  # (L,) bool, prompt positions (never revealed)
     drafts: Optional[Drafts] = None  # (1, M, L) pending candidates; S_1 == accepted
-    forwards: int = 0  # forwards this block has taken
 
 
 @dataclass(frozen=True)
@@ -69,32 +67,12 @@ class Round:
     verifying: bool  # the rows are the pending drafts (else: the accepted state alone)
 
 
-@dataclass
-class Counts:
-    """Running totals of this server process (logged; see `log_counts`)."""
-
-    blocks: int = 0
-    forwards: int = 0
-    tokens: int = 0
-
-
 class MrpSpeculative(MrpAlgorithm):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.threshold = self.serving.speculative_threshold
-        self.counts = Counts()
         self.planner = DraftPlanner(self.lookahead, self.serving.adaptive)  # by size bucket
         self.last_draft = (0, 0.0)  # head steps and seconds of the last (probe) drafting
-
-    @classmethod
-    def validate_request(cls, req: Any) -> Optional[str]:
-        """Greedy and sampled requests (temperature, top_k, top_p, seed) are served exactly;
-        min_p is not supported."""
-        min_p = getattr(req.sampling_params, "min_p", 0.0)
-        if min_p:
-            return (f"{cls.__name__} samples with temperature, top_k, top_p and seed; "
-                    f"min_p is not supported (got min_p {min_p}): leave it at 0")
-        return None
 
     def run(self, model_runner, forward_batch, algo_states=None):
         head, host = self.model_parts(model_runner)
@@ -168,14 +146,14 @@ class MrpSpeculative(MrpAlgorithm):
         seeds, row = [], 0
         for index, (state, round_) in enumerate(zip(states, rounds)):
             m = round_.states.shape[0]
-            state.forwards += 1
             if round_.verifying:
                 n = int(accept(state.drafts, logits[None, row:row + m], state.prompt[None],
                                self.mask_id, positions[index:index + 1], self.threshold,
                                select_rows(sampling, [index]))[0])
                 if m > 1:
-                    self.planner.record(torch.tensor([n - 1]),
-                                        state.drafts.valid[0, 1:].sum()[None])
+                    drafted = state.drafts.valid[0, 1:].sum()
+                    self.planner.record(torch.tensor([n - 1]), drafted[None])
+                    stats_of(self).record_round(int(drafted), n - 1)
                 state.accepted = state.drafts.states[0, n - 1]
                 seeds.append((logits[row + n - 1], hidden[row + n - 1]))
             else:
@@ -198,7 +176,6 @@ class MrpSpeculative(MrpAlgorithm):
                 done.append(False)
             elif bool((round_.states[-1] == state.accepted).all()):
                 done.append(True)  # the own row forwarded the clean block: its KV is final
-                self.count_block(state)
             else:
                 done.append(False)  # store: the next round forwards the clean block alone
         if to_draft:
@@ -242,16 +219,3 @@ class MrpSpeculative(MrpAlgorithm):
         elif all(r.verifying for r in rounds) and self.last_draft[0] == m - 1:
             probe.add_round(m - 1, self.last_draft[1], m, seconds)
         self.planner.learn(bucket)
-
-    def count_block(self, state: BlockState) -> None:
-        self.counts.blocks += 1
-        self.counts.forwards += state.forwards
-        self.counts.tokens += int((~state.prompt).sum())
-        if self.counts.blocks % 16 == 0:
-            log_counts(type(self).__name__, self.counts)
-
-
-def log_counts(name: str, counts: Counts) -> None:
-    log.info("%s: %d blocks, %d tokens in %d forwards (%.3f tokens per forward)", name,
-             counts.blocks, counts.tokens, counts.forwards,
-             counts.tokens / max(counts.forwards, 1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -98,6 +99,21 @@ def test_fingerprint_mismatch_lists_the_differences(tmp_path, tiny_model, make_m
         load_head(directory, tiny_model, block_size=8)
     with pytest.raises(CheckpointError, match="hidden_size"):
         load_head(directory, make_model(hidden_size=48))
+
+
+def test_fingerprint_names_a_dtype_that_changes_the_hash(tmp_path, tiny_model):
+    # The hash rounds lm_head to bfloat16: float32 and bfloat16 loads of the same weights
+    # agree, a float16 load does not, and the error must say so instead of blaming the
+    # backbone (SGLang's --dtype auto ran float32 checkpoints in float16).
+    directory = tmp_path / "head"
+    save_head(MRPHead(tiny_model.config), tiny_model, directory)
+    bf16 = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    assert load_head(directory, bf16).norm.weight.dtype == torch.bfloat16
+    fp16 = copy.deepcopy(tiny_model).to(torch.float16)
+    with pytest.raises(CheckpointError, match="loaded in float16") as error:
+        load_head(directory, fp16)
+    assert "another backbone" not in str(error.value)
+    assert "--dtype" in str(error.value)
 
 
 def test_bad_head_directories(tmp_path, tiny_model):

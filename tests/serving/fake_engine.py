@@ -9,7 +9,9 @@ held another state than the committed one, changes the output.
 
 The scheduler drives `DllmAlgorithm.run` like SGLang's FDFO loop: every request forwards
 its current block each round; accept length L commits the block (prompt tail excluded),
-0 carries the returned block and state to the next round.
+0 carries the returned block and state to the next round. After each round it reports the
+round's requests to the algorithm's serving stats (`mrp_dlm.serving.stats`), as the
+plugin's hook on SGLang's scheduler does.
 
 Deliberately not here: assertions (see the test modules).
 
@@ -31,6 +33,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.masks import block_causal_mask
 from mrp_dlm.serving.sampling import attach_sampling
+from mrp_dlm.serving.stats import RequestForward, stats_of
 
 
 class PlainPlan:
@@ -161,6 +164,7 @@ def serve(runner: FakeRunner, algorithm, prompts: list[list[int]], max_new: int,
                 start_block(runner, request, mask_token_id)
         _, next_ids, accepted, states, _ = algorithm.run(runner, batch_of(runner, active),
                                                           [r.state for r in active])
+        generating = [r.offset + L > len(r.prompt) for r in active]  # else prompt-only
         for request, ids, length, state in zip(active, next_ids, accepted, states):
             ids = list(ids)
             if length == L:
@@ -170,4 +174,8 @@ def serve(runner: FakeRunner, algorithm, prompts: list[list[int]], max_new: int,
                 request.block, request.state = None, None
             else:
                 request.block, request.state = ids, state
+        stats_of(algorithm).record([
+            RequestForward(rid=str(requests.index(r)), generating=g, finished=r.finished,
+                           returned=min(len(r.output), max_new) if r.finished else 0)
+            for r, g in zip(active, generating)])
     raise AssertionError("the fake scheduler ran out of rounds")

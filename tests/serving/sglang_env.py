@@ -2,9 +2,10 @@
 
 `require_sglang()` is called at the top of every test module here, before any SGLang
 import: it skips the module when SGLang is not installed (install it with
-`.ci/install_sglang.sh`), and otherwise installs the CPU import stand-ins in this process
-and exports MRP_SGLANG_CPU_STANDINS so that SGLang's subprocesses install them too
-(through the `.pth` hook the install script writes).
+`.ci/install_sglang.sh`), and otherwise installs the CPU import stand-ins (shipped in the
+package, `mrp_dlm/serving/cpu_standins.py`) in this process and exports
+MRP_SGLANG_CPU_STANDINS so that SGLang's subprocesses install them too (through the `.pth`
+hook the install script writes; `mrp serve` needs no hook, see `mrp_dlm/serving/server.py`).
 
 Deliberately not here: expected outputs (every test compares two decoders it runs).
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-STANDINS = Path(__file__).with_name("cpu_standins.py")
+STANDINS = Path(importlib.util.find_spec("mrp_dlm.serving.cpu_standins").origin)  # packaged
 NEEDS_STANDINS = False  # no real triton here: SGLang's subprocesses need the .pth hook
 HOOK_NAME = "mrp_dlm_sglang_cpu.pth"
 

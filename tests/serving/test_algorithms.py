@@ -13,6 +13,10 @@ a fake model runner (see `fake_engine.py`).
   every scratch row and slot is returned;
 - MrpDirect with a zero head == static decoding at 1 + K tokens per forward, and equals
   our own `DecodeConfig(mode="direct")` decoder with a random head;
+- the serving stats (`mrp_dlm.serving.stats`, fed by the fake scheduler as the plugin's hook
+  feeds it from SGLang's): LowConfidence and MrpDirect at their exact forward counts,
+  prompt-only blocks apart, and MrpSpeculative's forwards = LowConfidence's minus its
+  accepted drafts (up to one store forward per block);
 - the errors: bad YAML, missing head, fingerprint mismatch (model and block size),
   sampling requests, and at launch tensor parallelism > 1, --no-dllm-fdfo, no YAML.
 
@@ -50,6 +54,7 @@ from mrp_dlm.serving.direct import MrpDirect  # noqa: E402
 from mrp_dlm.serving.head_host import (EmbeddingView, HeadHost, LinearView,  # noqa: E402
                                        load_host_head)
 from mrp_dlm.serving.speculative import MrpSpeculative  # noqa: E402
+from mrp_dlm.serving.stats import stats_of  # noqa: E402
 from reference import reference_decode, robust_case  # noqa: E402
 from reference_mrp import reference_mrp_generate  # noqa: E402
 
@@ -284,7 +289,115 @@ def test_sampling_requests_are_refused_by_direct_only():
     assert MrpSpeculative.validate_request(greedy) is None
     assert MrpSpeculative.validate_request(sampled) is None  # see test_sampled_serving.py
     assert MrpDirect.validate_request(greedy) is None
-    assert "temperature 0" in MrpDirect.validate_request(sampled)
+    direct = MrpDirect.validate_request(sampled)
+    assert "send temperature 0" in direct and "got temperature 0.7" in direct
+    assert "--preferred-sampling-params" in direct
+    assert direct.startswith("MrpDirect") and "reproduces" not in direct
+    assert "static" not in direct
+
+
+# --- serving stats --------------------------------------------------------------------------
+
+def generation_blocks(prompt_length: int, max_new: int, block_size: int) -> list[int]:
+    """Masked positions of each block a request decodes (the first one shares the prompt's
+    last block); blocks are decoded whole until max_new tokens are out."""
+    masks, out = [], 0
+    while out < max_new:
+        masks.append(block_size - (prompt_length + out) % block_size)
+        out += masks[-1]
+    return masks
+
+
+def test_stats_of_low_confidence_count_generated_tokens_only():
+    # Threshold 1.0 commits one token per forward, and a block is done at the first forward
+    # that sees it clean: masks + 1 forwards per block. Prompt-only blocks count apart.
+    block_size, model = 4, backbone(0, 4, False)
+    prompts, max_new = rule_prompts(0, 4, False), MAX_NEW[4]
+    algorithm = LowConfidence(dllm_config("LowConfidence", block_size, threshold=1.0))
+    serve(FakeRunner(model, block_size), algorithm, prompts, max_new, MASK)
+    stats = stats_of(algorithm)
+    blocks = [generation_blocks(len(p), max_new, block_size) for p in prompts]
+    assert stats.requests == len(prompts) and not stats.open_forwards
+    assert stats.tokens == max_new * len(prompts)
+    assert stats.forwards == sum(m + 1 for masks in blocks for m in masks)
+    assert stats.prefill_forwards == sum(len(p) // block_size for p in prompts) > 0
+    assert stats.draft_rounds == 0
+    assert stats.tokens_per_forward == stats.tokens / stats.forwards < 1.0
+
+
+@pytest.mark.parametrize("lookahead", [1, 3])
+def test_stats_of_direct_count_one_plus_k_tokens_per_forward(tmp_path, lookahead):
+    block_size, model = 16, backbone(0, 16, False)
+    head_dir = saved_head(tmp_path, model, MRPHead(model.config, HeadConfig(num_layers=1)))
+    runner = runner_with_head(model, block_size, head_dir)
+    algorithm = MrpDirect(dllm_config("MrpDirect", block_size, head=head_dir,
+                                      lookahead=lookahead))
+    prompts, max_new = [prompt_of(n, i) for i, n in enumerate(LENGTHS)], MAX_NEW[16]
+    serve(runner, algorithm, prompts, max_new, MASK)
+    stats = stats_of(algorithm)
+    blocks = [generation_blocks(len(p), max_new, block_size) for p in prompts]
+    assert stats.forwards == sum(-(-m // (1 + lookahead)) + 1 for bs in blocks for m in bs)
+    assert stats.prefill_forwards == sum(len(p) // block_size for p in prompts)
+    assert stats.tokens == max_new * len(prompts) and stats.draft_rounds == 0
+
+
+def test_stats_of_speculative_count_accepted_drafts(tmp_path):
+    # At threshold 1.0 a LowConfidence block costs masks + 1 forwards; each accepted head
+    # draft saves MrpSpeculative one of them, except that a block its drafts finish may need
+    # one store forward (when the request's own row carried a later candidate).
+    block_size, model = 4, backbone(5, 4, True)
+    prompts, max_new = rule_prompts(5, 4, True), MAX_NEW[4]
+    low = LowConfidence(dllm_config("LowConfidence", block_size, threshold=1.0))
+    serve(FakeRunner(model, block_size), low, prompts, max_new, MASK)
+    head_dir = saved_head(tmp_path, model, MRPHead(model.config, HeadConfig(num_layers=1)))
+    runner = runner_with_head(model, block_size, head_dir)
+    algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
+                                           lookahead=3, threshold=1.0, adaptive=False))
+    serve(runner, algorithm, prompts, max_new, MASK)
+    spec, base = stats_of(algorithm), stats_of(low)
+    blocks = sum(len(generation_blocks(len(p), max_new, block_size)) for p in prompts)
+    assert spec.tokens == base.tokens and spec.requests == base.requests
+    assert spec.prefill_forwards == base.prefill_forwards
+    assert spec.draft_rounds > 0 and 0 < spec.accepted <= spec.drafts <= 3 * spec.draft_rounds
+    assert base.forwards - spec.accepted <= spec.forwards <= base.forwards - spec.accepted + blocks
+    assert spec.tokens_per_forward > base.tokens_per_forward
+    assert "head drafts accepted per round" in spec.summary()
+
+
+def test_stats_hook_reads_the_scheduler_requests(caplog):
+    from mrp_dlm.serving.stats import count_dllm_result
+
+    def req(rid, prompt, extend_end, output, finished, finished_len=None):
+        return SimpleNamespace(rid=rid, origin_input_ids=[0] * prompt, extend_end=extend_end,
+                               output_ids=[], grown=output, done=finished,
+                               finished_len=finished_len, finished=lambda: False)
+
+    reqs = [req("a", 20, 16, 0, False), req("b", 5, 16, 11, True, finished_len=7),
+            req("c", 3, 16, 13, False)]
+
+    def process(scheduler, batch, result):  # stands in for SGLang's own processing
+        for r in batch.reqs:
+            r.output_ids += [1] * r.grown
+            r.finished = (lambda d: lambda: d)(r.done)
+        return "processed"
+
+    algorithm = type("LowConfidence", (), {})()  # what the scheduler's worker holds
+    scheduler = SimpleNamespace(
+        dllm_config=SimpleNamespace(first_done_first_out_mode=True, algorithm="LowConfidence"),
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(
+            architectures=["SDARForCausalLM"])),
+        tp_worker=SimpleNamespace(dllm_algorithm=algorithm),
+        metrics_reporter=SimpleNamespace(enable_metrics=False))
+    with caplog.at_level("INFO", logger="mrp_dlm.serving.stats"):
+        assert count_dllm_result(process, scheduler, SimpleNamespace(reqs=reqs), None) \
+            == "processed"
+    stats = stats_of(algorithm)
+    assert (stats.requests, stats.tokens, stats.forwards, stats.prefill_forwards) == (1, 7, 1, 1)
+    assert stats.open_forwards == {"a": 0, "c": 1}  # a: a prefill chunk so far
+    assert "LowConfidence: request b returned 7 tokens in 1 forwards" in caplog.text
+    scheduler.model_config.hf_config.architectures = ["LLaDAModelLM"]
+    count_dllm_result(process, scheduler, SimpleNamespace(reqs=reqs), None)
+    assert stats.requests == 1  # only SDAR models are counted
 
 
 @pytest.mark.parametrize("algorithm", [MrpSpeculative, MrpDirect])
@@ -300,3 +413,26 @@ def test_launch_errors(algorithm):
         algorithm.configure_server_args(args(dllm_fdfo=False))
     with pytest.raises(ServingConfigError, match="dllm-algorithm-config"):
         algorithm.configure_server_args(args(dllm_algorithm_config=None))
+
+
+def test_metric_sink_exports_what_changed():
+    from prometheus_client import REGISTRY  # an SGLang dependency
+
+    from mrp_dlm.serving.stats import RequestForward, ServingStats, metric_sink
+
+    stats, sink = ServingStats("SinkTest"), metric_sink()
+    sink.export(stats)
+    assert REGISTRY.get_sample_value("mrp_dlm_drafts_total", {"algorithm": "SinkTest"}) == 0
+    stats.record([RequestForward("r", generating=False, finished=False, returned=0)])
+    stats.record([RequestForward("r", generating=True, finished=True, returned=5)])
+    stats.record_round(drafted=3, accepted=2)
+    sink.export(stats)
+    sink.export(stats)  # nothing changed: nothing added
+
+    def value(name: str) -> float:
+        return REGISTRY.get_sample_value(f"{name}_total", {"algorithm": "SinkTest"})
+
+    assert [value(name) for name in ("mrp_dlm_requests", "mrp_dlm_generated_tokens",
+                                     "mrp_dlm_forwards", "mrp_dlm_prefill_forwards",
+                                     "mrp_dlm_draft_rounds", "mrp_dlm_drafts",
+                                     "mrp_dlm_accepted_drafts")] == [1, 5, 1, 1, 1, 3, 2]

@@ -1,19 +1,29 @@
-"""Import stand-ins that let SGLang 0.5.23 start on a CPU-only machine (tests only).
+"""Import stand-ins that let SGLang 0.5.23 start on a CPU-only machine.
 
-SGLang imports three packages that have no CPU build here:
+SGLang imports four packages that have no CPU build here, or that text serving never uses:
 - triton: SGLang ships a mock for macOS (`sglang/_platform_stubs.py`); we load that file by
   path (importing `sglang` first would need triton already) and install its meta-path mock.
 - torchvision: the PyPI wheel needs a CUDA torch; SGLang only needs the module to import and
   `transforms.InterpolationMode` to be a real enum.
 - sgl_kernel: a meta-path mock whose every attribute is a mock (no kernel is ever called on
   the CPU path with the torch_native attention backend).
-Both of the last two are `StandIn` packages: importing works, calling anything raises.
+- soundfile: the HTTP server imports it for its audio endpoints (transcription), which a
+  text model never serves; the stand-in spares a C library (libsndfile).
+The last three are `StandIn` packages: importing works, calling anything raises. Each
+stand-in is installed only when the real package cannot be imported, so on a machine that
+has them (a GPU host) this file changes nothing.
 
-SGLang spawns processes, so this file must run in every one of them: `.ci/install_sglang.sh`
-writes a `.pth` hook that runs it when MRP_SGLANG_CPU_STANDINS names this file. Nothing
-happens when that variable is unset, so the hook is inert for every other program.
+SGLang spawns processes, so this file must run in every one of them, before SGLang is
+imported. Two ways:
+- `mrp serve` runs SGLang as `python -m mrp_dlm.serving.server`, which runs this file at
+  import; the `spawn` start method imports a child's main module before anything else, so
+  every SGLang subprocess gets the stand-ins too;
+- any other program (the tests' in-process `sglang.Engine`): `.ci/install_sglang.sh`
+  writes a `.pth` hook that runs this file in every Python process when
+  MRP_SGLANG_CPU_STANDINS names it. Nothing happens when that variable is unset.
+It imports nothing of mrp_dlm (the hook runs it at interpreter start).
 
-Deliberately not here: anything that changes numerics; no GPU host needs this file.
+Deliberately not here: anything that changes numerics.
 """
 
 from __future__ import annotations
@@ -142,6 +152,7 @@ def install() -> None:
     install_triton(stubs)
     install_stand_in("torchvision")
     install_stand_in("sgl_kernel")
+    install_stand_in("soundfile")
 
 
 install()

@@ -1,0 +1,317 @@
+"""`mrp serve`: what to run to serve a checkpoint through SGLang 0.5.23, flags chosen here.
+
+One command serves a checkpoint (default: the embedded model and its head) with SGLang's
+OpenAI-compatible API on 127.0.0.1. This module turns a `ServeConfig` into a `LaunchPlan`:
+the SGLang command, its environment and the algorithm's YAML. What it chooses:
+- the dLLM algorithm (`MrpSpeculative`, `MrpDirect` or `LowConfidence`) and its YAML;
+  LowConfidence gets the library's default threshold (0.9), not SGLang's 0.95, so that it
+  is the rule MrpSpeculative reproduces;
+- the checkpoint's own dtype (`--dtype auto` would run a float32 checkpoint in float16);
+- on a CPU: `--device cpu`, `--attention-backend torch_native`, SGLANG_USE_CPU_ENGINE=1,
+  the import stand-ins (see `cpu_standins.py`, installed by `server.py`), a KV pool of at
+  most CPU_MAX_RUNNING_REQUESTS full contexts and CPU_KV_MEMORY_SHARE of the available
+  memory (SGLang would size it from the total memory: 14.5 GB here), and the library's
+  CPU thread rule (`mrp_dlm/threads.py`) unless OMP_NUM_THREADS or MKL_NUM_THREADS is set;
+- on CUDA: SGLang's own defaults;
+- a request that leaves out `temperature` is greedy: `--preferred-sampling-params
+  '{"temperature": 0}'`, which `request_defaults.py` makes the OpenAI endpoints honour.
+
+Deliberately not here: running and stopping the process (see `process.py`) and the server
+process's own entry point (see `server.py`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shlex
+import sys
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.model.loading import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
+from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
+from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
+from mrp_dlm.threads import choose_threads, usable_cpus
+
+ALGORITHMS = (*MRP_ALGORITHMS, "LowConfidence")  # what `mrp serve --algorithm` takes
+HOST = "127.0.0.1"  # the server listens on this machine only
+GREEDY_DEFAULTS = {"temperature": 0}  # what a request gets for the fields it leaves out
+CPU_MAX_RUNNING_REQUESTS = 8  # on a CPU, every request of a batch shares each forward's cost
+CPU_KV_MEMORY_SHARE = 0.25  # at most this share of the available memory goes to the KV pool
+STANDINS_FILE = Path(__file__).with_name("cpu_standins.py")  # the CPU import stand-ins
+INSTALL_HINT = ("install it with `pip install 'mrp-dlm[sglang]'` on a CUDA host, or on a "
+                "CPU-only machine, from a checkout of mrp-dlm, `bash .ci/install_sglang.sh` "
+                "(SGLang without its CUDA torch; see docs/serving.md)")
+DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # safetensors -> torch
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class ServeError(ValueError):
+    """A serve request that cannot run, with a message that says what to do."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `mrp serve` takes; everything else it chooses."""
+
+    model: str | None = None  # checkpoint directory (HF format); unset: the embedded model
+    head: str | None = None  # MRP head directory; unset: the embedded head with the embedded model
+    algorithm: str = "MrpSpeculative"  # MrpSpeculative (lossless), MrpDirect or LowConfidence
+    threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
+    lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
+    adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay
+    port: int = 30000  # HTTP port on 127.0.0.1
+    device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ServeError(f"unknown algorithm {self.algorithm!r}; choose one of "
+                             f"{', '.join(ALGORITHMS)}")
+        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
+            raise ServeError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.lookahead < 1:
+            raise ServeError(f"lookahead must be >= 1, got {self.lookahead}")
+        if not 0 < self.port < 65536:
+            raise ServeError(f"port must be in 1..65535, got {self.port}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ServeError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.algorithm == "MrpDirect" and self.threshold is not None:
+            raise ServeError("MrpDirect takes no threshold (it commits the static pick and K "
+                             "head picks per forward); --threshold is for MrpSpeculative and "
+                             "LowConfidence")
+        if self.algorithm == "LowConfidence" and self.head is not None:
+            raise ServeError("LowConfidence uses no MRP head; leave out --head")
+
+    @property
+    def rule_threshold(self) -> float:
+        """The threshold of the rule MrpSpeculative reproduces and LowConfidence runs."""
+        return DecodeConfig.threshold if self.threshold is None else self.threshold
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the launch needs of a checkpoint, read from its files (no weights loaded)."""
+
+    directory: Path  # the HF-format checkpoint
+    dtype: str  # float32, bfloat16 or float16: the weights' own dtype
+    parameters: int  # number of weights (for the CPU thread rule)
+    kv_bytes_per_token: int  # K and V of every layer for one token, in `dtype`
+    context_len: int  # max_position_embeddings
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The SGLang server process `mrp serve` runs."""
+
+    argv: list[str]  # the command, `python -m mrp_dlm.serving.server <SGLang flags>`
+    env: dict[str, str]  # variables added to this process's environment
+    yaml_text: str  # the dLLM algorithm's YAML, written where argv says
+    device: str  # cpu or cuda
+    checkpoint: Checkpoint  # what is served
+    head: Path | None  # the MRP head, for the MRP algorithms
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        return int(self.argv[self.argv.index("--port") + 1])
+
+    @property
+    def served_name(self) -> str:
+        return self.argv[self.argv.index("--served-model-name") + 1]
+
+
+def check_sglang() -> None:
+    """A clear error when SGLang or this package's plugin registration is missing."""
+    if importlib.util.find_spec("sglang") is None:
+        raise ServeError(f"`mrp serve` needs SGLang 0.5.23, which is not installed: "
+                         f"{INSTALL_HINT}")
+    if "mrp" not in {ep.name for ep in entry_points(group="sglang.srt.plugins")}:
+        raise ServeError("the mrp-dlm SGLang plugin is not registered (mrp-dlm is not "
+                         "installed in this Python, or a stale mrp_dlm.egg-info shadows it): "
+                         "reinstall with `pip install -e .` from the checkout")
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    if (directory / SINGLE_FILE).is_file():
+        return [directory / SINGLE_FILE]
+    index = read_json(directory / INDEX_FILE)
+    return [directory / name for name in sorted(set(index.get("weight_map", {}).values()))]
+
+
+def tensor_facts(files: list[Path]) -> tuple[int, str]:
+    """(number of weights, dtype of the first tensor) from the safetensors headers."""
+    from safetensors import safe_open
+
+    parameters, dtype = 0, None
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                piece = handle.get_slice(name)
+                parameters += math.prod(piece.get_shape())
+                dtype = dtype or DTYPE_NAMES.get(piece.get_dtype())
+    return parameters, dtype or "float32"
+
+
+def read_checkpoint(directory: Path) -> Checkpoint:
+    """The checkpoint's dtype (config.json's torch_dtype or dtype, else the weights'), size,
+    KV bytes per token and context length."""
+    raw = read_json(directory / "config.json")
+    parameters, stored = tensor_facts(safetensors_files(directory))
+    dtype = raw.get("torch_dtype") or raw.get("dtype") or stored
+    if dtype not in DTYPE_BYTES:
+        raise CheckpointError(f"{directory / 'config.json'}: dtype {dtype!r} is not one of "
+                              f"{', '.join(DTYPE_BYTES)}")
+    try:
+        heads = raw["num_attention_heads"]
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+        kv_heads = raw.get("num_key_value_heads") or heads
+        kv_bytes = 2 * raw["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
+    except KeyError as error:
+        raise CheckpointError(f"{directory / 'config.json'} lacks the key "
+                              f"{error.args[0]!r}") from error
+    return Checkpoint(directory=directory, dtype=dtype, parameters=parameters,
+                      kv_bytes_per_token=kv_bytes,
+                      context_len=int(raw.get("max_position_embeddings", 32768)))
+
+
+def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
+    """The MRP head directory of the MRP algorithms: --head, else the embedded head when the
+    embedded model is served."""
+    if config.algorithm not in MRP_ALGORITHMS:
+        return None
+    if config.head is not None:
+        head = Path(config.head).expanduser().resolve()
+    elif model_dir == embedded_model_dir().resolve():
+        head = embedded_head_dir().resolve()
+    else:
+        raise ServeError(f"{config.algorithm} needs the MRP head trained on {model_dir}: give "
+                         "--head DIR (or --algorithm LowConfidence, which needs none)")
+    if not (head / "config.json").is_file():
+        raise ServeError(f"MRP head directory not found (or without config.json): {head}")
+    return head
+
+
+def algorithm_yaml(config: ServeConfig, head: Path | None) -> str:
+    """The dLLM algorithm config SGLang reads (`--dllm-algorithm-config`)."""
+    if config.algorithm == "LowConfidence":
+        return f"threshold: {config.rule_threshold}\n"
+    text = f"head: {json.dumps(str(head))}\nlookahead: {config.lookahead}\n"
+    if config.algorithm == "MrpSpeculative":
+        text += (f"threshold: {config.rule_threshold}\n"
+                 f"adaptive: {'true' if config.adaptive else 'false'}\n")
+    return text
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ServeError("--device cuda: this machine (or this PyTorch) has no CUDA device")
+    return name
+
+
+def cpu_kv_tokens(checkpoint: Checkpoint, available_bytes: int, block_size: int = 16) -> int:
+    """KV pool size on a CPU: CPU_MAX_RUNNING_REQUESTS full contexts, at most
+    CPU_KV_MEMORY_SHARE of the available memory, a whole number of blocks (SGLang's page)."""
+    by_memory = int(available_bytes * CPU_KV_MEMORY_SHARE) // checkpoint.kv_bytes_per_token
+    tokens = min(CPU_MAX_RUNNING_REQUESTS * checkpoint.context_len, by_memory)
+    return max(tokens // block_size, 1) * block_size
+
+
+def available_memory() -> int:
+    import psutil  # an SGLang dependency
+
+    return int(psutil.virtual_memory().available)
+
+
+def cpu_flags(checkpoint: Checkpoint, block_size: int) -> list[str]:
+    return ["--device", "cpu", "--attention-backend", "torch_native",
+            "--max-total-tokens", str(cpu_kv_tokens(checkpoint, available_memory(), block_size)),
+            "--max-running-requests", str(CPU_MAX_RUNNING_REQUESTS)]
+
+
+def cpu_env(checkpoint: Checkpoint, environ: dict[str, str]) -> dict[str, str]:
+    """SGLang's CPU engine switch, and the library's CPU thread rule unless set already."""
+    env = {"SGLANG_USE_CPU_ENGINE": "1"}
+    choice = choose_threads(None, checkpoint.parameters, "cpu", environ, usable_cpus())
+    if choice.threads is not None:
+        env["OMP_NUM_THREADS"] = str(choice.threads)
+    return env
+
+
+def block_size_of(directory: Path) -> int:
+    from mrp_dlm.config import SDAR_BLOCK_SIZE
+
+    return int(read_json(directory / "config.json").get("block_size") or SDAR_BLOCK_SIZE)
+
+
+def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
+                environ: dict[str, str]) -> LaunchPlan:
+    """The SGLang server command for `config`; the YAML is to be written at yaml_path."""
+    model_dir = Path(config.model).expanduser().resolve() if config.model \
+        else embedded_model_dir().resolve()
+    checkpoint = read_checkpoint(model_dir)
+    head = head_for(config, model_dir)
+    device = resolve_device(config.device)
+    argv = [sys.executable, "-m", "mrp_dlm.serving.server",
+            "--model-path", str(model_dir), "--served-model-name", model_dir.name,
+            "--host", HOST, "--port", str(config.port), "--dtype", checkpoint.dtype,
+            "--dllm-algorithm", config.algorithm, "--dllm-algorithm-config", str(yaml_path),
+            "--preferred-sampling-params", json.dumps(GREEDY_DEFAULTS)]
+    env = {}
+    if device == "cpu":
+        argv += cpu_flags(checkpoint, block_size_of(model_dir))
+        env = cpu_env(checkpoint, environ)
+    return LaunchPlan(argv=argv + list(extra_args), env=env,
+                      yaml_text=algorithm_yaml(config, head), device=device,
+                      checkpoint=checkpoint, head=head)
+
+
+def describe(config: ServeConfig, plan: LaunchPlan) -> str:
+    """One line: what is served, how."""
+    if config.algorithm == "MrpSpeculative":
+        setting = (f"threshold {config.rule_threshold}, lookahead {config.lookahead}"
+                   f"{', adaptive' if config.adaptive else ''}; lossless: LowConfidence's "
+                   f"output at threshold {config.rule_threshold}")
+    elif config.algorithm == "MrpDirect":
+        setting = f"lookahead {config.lookahead}; lossy"
+    else:
+        setting = f"threshold {config.rule_threshold}"
+    head = f", head {plan.head}" if plan.head else ""
+    return (f"{config.algorithm} ({setting}) on {plan.checkpoint.directory}{head}, "
+            f"{plan.device} {plan.checkpoint.dtype}")
+
+
+EXAMPLE_PROMPT = ("Tom has 3 apples. He buys 5 more. Then he eats 2 of them. "
+                  "How many apples are left?")
+
+
+def ready_message(plan: LaunchPlan) -> str:
+    """The URL and ready-to-paste curl and openai examples."""
+    url, name = plan.base_url, plan.served_name
+    body = json.dumps({"model": name, "max_tokens": 64,
+                       "messages": [{"role": "user", "content": EXAMPLE_PROMPT}]})
+    return "\n".join([
+        f"ready: {url}/v1 (OpenAI API, model {name!r}; a request without temperature is "
+        "greedy; Ctrl-C stops the server)",
+        "",
+        f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+        f"  -d {shlex.quote(body)}",
+        "",
+        "python - <<'EOF'",
+        "from openai import OpenAI",
+        f"client = OpenAI(base_url={url + '/v1'!r}, api_key='none')",
+        f"reply = client.chat.completions.create(model={name!r}, max_tokens=64,",
+        f"    messages=[{{'role': 'user', 'content': {EXAMPLE_PROMPT!r}}}])",
+        "print(reply.choices[0].message.content)",
+        "EOF",
+    ])

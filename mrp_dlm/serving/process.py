@@ -1,0 +1,140 @@
+"""`mrp serve`'s SGLang process: start it, wait until it answers, stop it and every process
+it started.
+
+SGLang's server is a process tree: the HTTP server and its scheduler and detokenizer
+(`spawn` children). It runs in a session of its own, so a Ctrl-C in the terminal reaches
+`mrp serve` only, which then stops the whole tree: SIGTERM to SGLang's main process (its
+handler drains and stops its children; a SIGTERM to them too would read as a crash), and
+after GRACE_SECONDS SIGKILL to the process group and to every descendant seen while it
+ran. SIGTERM to `mrp serve` does the same as Ctrl-C.
+
+Deliberately not here: which command to run (see `launch.py`); printing (the CLI prints
+what `serve` hands to `announce`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from mrp_dlm.serving.launch import (HOST, LaunchPlan, ServeConfig, ServeError, check_sglang,
+                                    describe, plan_launch, ready_message)
+
+READY_PATH = "/health"  # 200 once SGLang has loaded the model and warmed up (503 before)
+POLL_SECONDS = 1.0  # between readiness checks
+GRACE_SECONDS = 20.0  # SIGTERM -> SIGKILL
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def start(plan: LaunchPlan) -> subprocess.Popen:
+    """The SGLang server, in a new session (its own process group), logging to our stdout
+    and stderr."""
+    return subprocess.Popen(plan.argv, env={**os.environ, **plan.env}, start_new_session=True)
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def wait_ready(process: subprocess.Popen, base_url: str) -> None:
+    """Return once the server answers READY_PATH; an error if it exits first."""
+    while not answers(base_url + READY_PATH):
+        code = process.poll()
+        if code is not None:
+            raise ServeError(f"SGLang exited with code {code} before it was ready "
+                             "(its log is above)")
+        time.sleep(POLL_SECONDS)
+
+
+def descendants(pid: int) -> list:
+    import psutil  # an SGLang dependency
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop(process: subprocess.Popen, seen: list) -> None:
+    """Stop the server: SIGTERM to its main process (SGLang then stops its children), and
+    after GRACE_SECONDS SIGKILL to its process group and to every descendant in `seen`
+    (psutil processes) or still attached."""
+    import psutil
+
+    tree = {p.pid: p for p in seen + descendants(process.pid)}
+    if process.poll() is None:
+        process.terminate()
+    deadline = time.monotonic() + GRACE_SECONDS
+    try:
+        process.wait(timeout=GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    _, alive = psutil.wait_procs(list(tree.values()),
+                                 timeout=max(deadline - time.monotonic(), 0.1))
+    signal_group(process.pid, signal.SIGKILL)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    process.wait()
+
+
+def interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def serve(config: ServeConfig, extra_args: list[str], announce: Callable[[str], None]) -> int:
+    """Run the server until it exits or this process is interrupted (Ctrl-C, SIGTERM);
+    returns 0 when stopped so, else the server's exit code."""
+    check_sglang()
+    with tempfile.TemporaryDirectory(prefix="mrp-serve-") as tmp:
+        yaml_path = Path(tmp) / "algorithm.yaml"
+        plan = plan_launch(config, yaml_path, extra_args, dict(os.environ))
+        if not port_is_free(plan.port):
+            raise ServeError(f"port {plan.port} on {HOST} is in use (another server?); "
+                             "choose another with --port")
+        yaml_path.write_text(plan.yaml_text)
+        announce(f"mrp serve: {describe(config, plan)}\n{shlex.join(plan.argv)}")
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        process = start(plan)
+        seen = []
+        try:
+            wait_ready(process, plan.base_url)
+            seen = descendants(process.pid)
+            announce(ready_message(plan))
+            return process.wait()
+        except KeyboardInterrupt:
+            announce("mrp serve: stopping the server")
+            return 0
+        finally:
+            stop(process, seen)
+            signal.signal(signal.SIGTERM, previous)

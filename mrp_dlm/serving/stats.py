@@ -1,0 +1,204 @@
+"""Serving stats of the dLLM algorithms on SDAR models, per algorithm: in the log and in
+SGLang's Prometheus metrics (`--enable-metrics`).
+
+Counted where SGLang's scheduler turns a dLLM forward's result into request outputs (a
+hook around `SchedulerDllmMixin.process_batch_result_dllm`, `count_dllm_result`), so
+MrpSpeculative, MrpDirect and LowConfidence are counted the same way. Under FDFO (the
+only mode counted) each call is one forward of every request in the batch:
+- forwards: a request's forwards over blocks that reach past its prompt (one per forward,
+  however many verify rows the request had in it); a block that is all prompt (a prefill
+  chunk) is counted apart, as a prefill forward, and never in tokens per forward;
+- tokens: what a finished request returns (after its stop token), as `mrp generate`'s
+  stats count them; the ratios are over finished requests;
+- MrpSpeculative adds its drafting rounds: the rounds that verified at least one head
+  draft, the drafts verified and the drafts accepted (`record_round`).
+The log has one line per finished request, with the server's totals. With
+`--enable-metrics`, the counters METRICS (label `algorithm`) join SGLang's on `/metrics`:
+SGLang collects every process's prometheus_client values from PROMETHEUS_MULTIPROC_DIR,
+which it sets before it starts the scheduler, so a counter the scheduler creates is
+served with SGLang's own. Ratios are PromQL divisions of their rates.
+
+Deliberately not here: decoding (the algorithms only call `record_round`).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+COUNTED_ALGORITHMS = ("MrpSpeculative", "MrpDirect", "LowConfidence")  # on SDAR models
+SCHEDULER_TARGET = ("sglang.srt.dllm.mixin.scheduler.SchedulerDllmMixin."
+                    "process_batch_result_dllm")
+METRICS = {  # ServingStats counter -> (Prometheus name without _total, help)
+    "requests": ("mrp_dlm_requests", "finished requests"),
+    "forwards": ("mrp_dlm_forwards", "forwards of finished requests' generation blocks"),
+    "prefill_forwards": ("mrp_dlm_prefill_forwards", "forwards of prompt-only blocks"),
+    "tokens": ("mrp_dlm_generated_tokens", "tokens returned by finished requests"),
+    "draft_rounds": ("mrp_dlm_draft_rounds", "MrpSpeculative rounds verifying head drafts"),
+    "drafts": ("mrp_dlm_drafts", "MrpSpeculative head drafts verified"),
+    "accepted": ("mrp_dlm_accepted_drafts", "MrpSpeculative head drafts accepted"),
+}
+
+
+@dataclass(frozen=True)
+class RequestForward:
+    """One request's part of one dLLM forward, as the scheduler saw it."""
+
+    rid: str  # SGLang's request id
+    generating: bool  # the block reaches past the prompt (else: a prompt-only block)
+    finished: bool  # the request finished with this forward
+    returned: int  # tokens the request returns (when finished; 0 otherwise)
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    rid: str  # SGLang's request id
+    tokens: int  # tokens it returned
+    forwards: int  # forwards of its generation blocks
+
+
+@dataclass
+class ServingStats:
+    """Running totals of one algorithm in one server process."""
+
+    algorithm: str  # the dLLM algorithm's name
+    requests: int = 0  # finished requests
+    forwards: int = 0  # forwards of the finished requests' generation blocks
+    prefill_forwards: int = 0  # forwards of prompt-only blocks (all requests)
+    tokens: int = 0  # tokens the finished requests returned
+    draft_rounds: int = 0  # MrpSpeculative: rounds that verified at least one head draft
+    drafts: int = 0  # head drafts verified in those rounds
+    accepted: int = 0  # head drafts accepted in those rounds
+    open_forwards: dict[str, int] = field(default_factory=dict)  # rid -> forwards so far
+
+    def record(self, rows: list[RequestForward]) -> list[FinishedRequest]:
+        """Count one forward's requests; returns the requests it finished."""
+        finished = []
+        for row in rows:
+            forwards = self.open_forwards.get(row.rid, 0) + int(row.generating)
+            self.prefill_forwards += int(not row.generating)
+            if not row.finished:
+                self.open_forwards[row.rid] = forwards
+                continue
+            self.open_forwards.pop(row.rid, None)
+            self.requests += 1
+            self.forwards += forwards
+            self.tokens += row.returned
+            finished.append(FinishedRequest(row.rid, row.returned, forwards))
+        return finished
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        """One MrpSpeculative verify round of one request: head drafts verified, accepted."""
+        if drafted:
+            self.draft_rounds += 1
+            self.drafts += drafted
+            self.accepted += accepted
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / max(self.forwards, 1)
+
+    @property
+    def forwards_per_request(self) -> float:
+        return self.forwards / max(self.requests, 1)
+
+    def counters(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in METRICS}
+
+    def summary(self) -> str:
+        text = (f"{self.requests} requests, {self.forwards_per_request:.2f} forwards per "
+                f"request, {self.tokens_per_forward:.3f} tokens per forward (generated tokens "
+                f"only; {self.prefill_forwards} prompt-only forwards apart)")
+        if self.draft_rounds:
+            text += (f", {self.accepted / self.draft_rounds:.2f} of "
+                     f"{self.drafts / self.draft_rounds:.2f} head drafts accepted per round "
+                     f"({self.draft_rounds} rounds)")
+        return text
+
+
+STATS: "weakref.WeakKeyDictionary[Any, ServingStats]" = weakref.WeakKeyDictionary()
+
+
+def stats_of(algorithm: Any) -> ServingStats:
+    """The stats of an algorithm object (made on first use, dropped with the object)."""
+    if algorithm not in STATS:
+        STATS[algorithm] = ServingStats(type(algorithm).__name__)
+    return STATS[algorithm]
+
+
+class MetricSink:
+    """The METRICS counters of this process; `export` adds what changed since last time."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter  # after SGLang set PROMETHEUS_MULTIPROC_DIR
+
+        self.counters = {key: Counter(name, text, ["algorithm"])
+                         for key, (name, text) in METRICS.items()}
+        self.exported: dict[str, dict[str, int]] = {}  # algorithm -> counter values sent
+
+    def export(self, stats: ServingStats) -> None:
+        """Every counter of the algorithm appears (0 until it moves), then grows with it."""
+        sent = self.exported.setdefault(stats.algorithm, dict.fromkeys(METRICS, 0))
+        for key, value in stats.counters().items():
+            counter = self.counters[key].labels(algorithm=stats.algorithm)
+            if value > sent[key]:
+                counter.inc(value - sent[key])
+                sent[key] = value
+
+
+SINKS: list[MetricSink] = []  # at most one per process, made when metrics are on
+
+
+def metric_sink() -> MetricSink:
+    if not SINKS:
+        SINKS.append(MetricSink())
+    return SINKS[0]
+
+
+def counted_algorithm(scheduler: Any) -> Any:
+    """The scheduler's dLLM algorithm when its results are counted here, else None: one of
+    COUNTED_ALGORITHMS, under FDFO, serving an SDAR model."""
+    config = getattr(scheduler, "dllm_config", None)
+    if config is None or not config.first_done_first_out_mode \
+            or config.algorithm not in COUNTED_ALGORITHMS:
+        return None
+    architectures = getattr(scheduler.model_config.hf_config, "architectures", None) or []
+    if architectures[:1] != ["SDARForCausalLM"]:
+        return None
+    return scheduler.tp_worker.dllm_algorithm
+
+
+def returned_tokens(req: Any) -> int:
+    """Tokens a finished request returns: its output up to the stop SGLang found."""
+    limit = getattr(req, "finished_len", None)
+    return len(req.output_ids) if limit is None else min(len(req.output_ids), limit)
+
+
+def count_dllm_result(original, scheduler, batch, result, *args, **kwargs):
+    """Around `process_batch_result_dllm`: count the forward's requests, log each finished
+    one, export the counters when metrics are on."""
+    algorithm = counted_algorithm(scheduler)
+    if algorithm is None:
+        return original(scheduler, batch, result, *args, **kwargs)
+    generating = [req.extend_end > len(req.origin_input_ids) for req in batch.reqs]
+    output = original(scheduler, batch, result, *args, **kwargs)
+    rows = [RequestForward(rid=str(req.rid), generating=gen, finished=req.finished(),
+                           returned=returned_tokens(req) if req.finished() else 0)
+            for req, gen in zip(batch.reqs, generating)]
+    stats = stats_of(algorithm)
+    for done in stats.record(rows):
+        log.info("%s: request %s returned %d tokens in %d forwards; server: %s",
+                 stats.algorithm, done.rid, done.tokens, done.forwards, stats.summary())
+    if scheduler.metrics_reporter.enable_metrics:
+        metric_sink().export(stats)
+    return output
+
+
+def register_stats_hook() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(SCHEDULER_TARGET, count_dllm_result, HookType.AROUND)

@@ -1,0 +1,248 @@
+"""`mrp serve` without starting SGLang: the flags, environment and YAML it chooses (CPU and
+CUDA), the KV pool and thread rules, the dtype read from the checkpoint, every error,
+the ready message, and the process supervision on stand-in process trees.
+
+The real server, end to end with the openai client, is `test_serve.py` (slow).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+import yaml
+
+from conftest import random_backbone, tiny_config
+from mrp_dlm.cli import main
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.model.loading import save_backbone
+from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
+from mrp_dlm.serving import launch, process
+from mrp_dlm.serving.config import MrpServingConfig
+from mrp_dlm.serving.launch import (CPU_KV_MEMORY_SHARE, CPU_MAX_RUNNING_REQUESTS, Checkpoint,
+                                    ServeConfig, ServeError, cpu_kv_tokens, plan_launch,
+                                    read_checkpoint, ready_message)
+
+GIB = 1 << 30
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.fixture
+def cpu_machine(monkeypatch):
+    """A CPU machine with 8 GiB of memory available."""
+    monkeypatch.setattr(launch, "resolve_device",
+                        lambda name: "cpu" if name in ("auto", "cpu") else "cuda")
+    monkeypatch.setattr(launch, "available_memory", lambda: 8 * GIB)
+
+
+def test_cpu_plan_for_the_embedded_model(tmp_path, cpu_machine):
+    plan = plan_launch(ServeConfig(), tmp_path / "a.yaml", ["--enable-metrics"], {})
+    argv, model = plan.argv, embedded_model_dir().resolve()
+    assert argv[:3] == [sys.executable, "-m", "mrp_dlm.serving.server"]
+    assert flag(argv, "--model-path") == str(model)
+    assert (flag(argv, "--host"), flag(argv, "--port")) == ("127.0.0.1", "30000")
+    assert flag(argv, "--dtype") == "float32"  # the checkpoint's, never SGLang's auto
+    assert flag(argv, "--device") == "cpu"
+    assert flag(argv, "--attention-backend") == "torch_native"
+    assert flag(argv, "--dllm-algorithm") == "MrpSpeculative"
+    assert flag(argv, "--dllm-algorithm-config") == str(tmp_path / "a.yaml")
+    assert json.loads(flag(argv, "--preferred-sampling-params")) == {"temperature": 0}
+    # 8 contexts of 4096 tokens: 128 MiB of float32 KV for 8 layers x 2 KV heads x 32 dims
+    assert int(flag(argv, "--max-total-tokens")) == CPU_MAX_RUNNING_REQUESTS * 4096
+    assert int(flag(argv, "--max-running-requests")) == CPU_MAX_RUNNING_REQUESTS
+    assert argv[-1] == "--enable-metrics"
+    assert plan.env == {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+    assert plan.head == embedded_head_dir().resolve()
+    assert plan.served_name == "embedded" and plan.base_url == "http://127.0.0.1:30000"
+    yaml_config = MrpServingConfig.from_mapping(yaml.safe_load(plan.yaml_text))
+    assert yaml_config == MrpServingConfig(head=str(plan.head), lookahead=DecodeConfig.lookahead,
+                                           threshold=DecodeConfig.threshold,
+                                           adaptive=DecodeConfig.adaptive)
+
+
+def test_threads_set_by_the_user_are_kept(tmp_path, cpu_machine):
+    plan = plan_launch(ServeConfig(), tmp_path / "a.yaml", [], {"OMP_NUM_THREADS": "2"})
+    assert plan.env == {"SGLANG_USE_CPU_ENGINE": "1"}
+
+
+def test_cuda_plan_keeps_sglang_defaults(tmp_path, cpu_machine):
+    plan = plan_launch(ServeConfig(device="cuda", port=8001), tmp_path / "a.yaml", [], {})
+    for cpu_only in ("--device", "--attention-backend", "--max-total-tokens",
+                     "--max-running-requests"):
+        assert cpu_only not in plan.argv
+    assert flag(plan.argv, "--dtype") == "float32" and flag(plan.argv, "--port") == "8001"
+    assert plan.env == {}
+
+
+@pytest.mark.parametrize("config, want", [
+    (ServeConfig(algorithm="LowConfidence"), {"threshold": DecodeConfig.threshold}),
+    (ServeConfig(algorithm="LowConfidence", threshold=1.0), {"threshold": 1.0}),
+    (ServeConfig(algorithm="MrpDirect", lookahead=2), {"lookahead": 2}),
+    (ServeConfig(threshold=0.5, lookahead=4, adaptive=False),
+     {"lookahead": 4, "threshold": 0.5, "adaptive": False}),
+])
+def test_algorithm_yaml(tmp_path, cpu_machine, config, want):
+    plan = plan_launch(config, tmp_path / "a.yaml", [], {})
+    written = yaml.safe_load(plan.yaml_text)
+    if config.algorithm != "LowConfidence":
+        assert written.pop("head") == str(embedded_head_dir().resolve())
+        MrpServingConfig.from_mapping({"head": "h", **written})  # the plugin accepts it
+    assert written == want
+    assert flag(plan.argv, "--dllm-algorithm") == config.algorithm
+
+
+def test_dtype_and_sizes_come_from_the_checkpoint(tmp_path):
+    config = tiny_config()
+    save_backbone(random_backbone(config).to(torch.bfloat16), tmp_path / "model")
+    checkpoint = read_checkpoint(tmp_path / "model")
+    assert checkpoint.dtype == "bfloat16"
+    assert checkpoint.kv_bytes_per_token == 2 * config.num_layers * config.num_kv_heads \
+        * config.head_dim * 2
+    assert checkpoint.parameters == sum(p.numel() for p in random_backbone(config).parameters())
+    assert checkpoint.context_len == config.max_position_embeddings
+
+
+def test_kv_pool_is_bounded_by_contexts_and_by_memory():
+    small = Checkpoint(directory=None, dtype="float32", parameters=0, kv_bytes_per_token=4096,
+                       context_len=4096)
+    assert cpu_kv_tokens(small, 8 * GIB) == CPU_MAX_RUNNING_REQUESTS * 4096
+    big = Checkpoint(directory=None, dtype="bfloat16", parameters=0,
+                     kv_bytes_per_token=147456, context_len=32768)  # SDAR-8B in bf16
+    tokens = cpu_kv_tokens(big, 16 * GIB, block_size=16)
+    assert tokens % 16 == 0
+    assert tokens * big.kv_bytes_per_token <= CPU_KV_MEMORY_SHARE * 16 * GIB
+    assert (tokens + 16) * big.kv_bytes_per_token > CPU_KV_MEMORY_SHARE * 16 * GIB
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(algorithm="Medusa"), "unknown algorithm 'Medusa'"),
+    (dict(algorithm="MrpDirect", threshold=0.9), "MrpDirect takes no threshold"),
+    (dict(algorithm="LowConfidence", head="h"), "LowConfidence uses no MRP head"),
+    (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),
+    (dict(lookahead=0), "lookahead must be >= 1"),
+    (dict(port=0), "port must be"),
+    (dict(device="tpu"), "device must be auto, cpu or cuda"),
+])
+def test_bad_serve_configs(changes, message):
+    with pytest.raises(ServeError, match=message):
+        ServeConfig(**changes)
+
+
+def test_heads_are_required_and_checked(tmp_path, cpu_machine):
+    save_backbone(random_backbone(tiny_config()), tmp_path / "model")
+    other = ServeConfig(model=str(tmp_path / "model"))
+    with pytest.raises(ServeError, match="needs the MRP head trained on .*give --head DIR"):
+        plan_launch(other, tmp_path / "a.yaml", [], {})
+    with pytest.raises(ServeError, match="MRP head directory not found"):
+        plan_launch(ServeConfig(head=str(tmp_path / "nowhere")), tmp_path / "a.yaml", [], {})
+    plan = plan_launch(ServeConfig(model=str(tmp_path / "model"), algorithm="LowConfidence"),
+                       tmp_path / "a.yaml", [], {})
+    assert plan.head is None and flag(plan.argv, "--served-model-name") == "model"
+
+
+def test_cuda_on_a_machine_without_it():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ServeError, match="no CUDA device"):
+        launch.resolve_device("cuda")
+
+
+def test_missing_sglang_names_the_install_command(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "sglang" else real(name, *args))
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert "needs SGLang 0.5.23, which is not installed" in err
+    assert "pip install 'mrp-dlm[sglang]'" in err and ".ci/install_sglang.sh" in err
+
+
+def test_serve_cli_smoke(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    assert "--algorithm" in capsys.readouterr().out
+
+
+def test_a_port_in_use_is_refused_before_the_server_starts(monkeypatch, cpu_machine):
+    monkeypatch.setattr(process, "check_sglang", lambda: None)
+    monkeypatch.setattr(process, "start", lambda plan: pytest.fail("the server was started"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is in use"):
+            process.serve(ServeConfig(port=port), [], print)
+
+
+def test_ready_message_is_ready_to_paste(tmp_path, cpu_machine):
+    plan = plan_launch(ServeConfig(port=30123), tmp_path / "a.yaml", [], {})
+    message = ready_message(plan)
+    lines = message.splitlines()
+    assert lines[0].startswith("ready: http://127.0.0.1:30123/v1")
+    curl = next(i for i, line in enumerate(lines) if line.startswith("curl"))
+    words = shlex.split(lines[curl].rstrip("\\") + lines[curl + 1])
+    assert words[:5] == ["curl", "-s", "http://127.0.0.1:30123/v1/chat/completions", "-H",
+                         "Content-Type: application/json"]
+    body = json.loads(words[words.index("-d") + 1])
+    assert body["model"] == "embedded" and body["messages"][0]["role"] == "user"
+    script = message[message.index("from openai"):message.rindex("EOF")]
+    compile(script, "<ready message>", "exec")
+    assert "base_url='http://127.0.0.1:30123/v1'" in script
+
+
+# --- the process tree -----------------------------------------------------------------------
+
+TREE = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+{ignore}
+time.sleep(300)
+"""
+
+
+def tree_of(ignore_sigterm: bool) -> tuple[subprocess.Popen, list]:
+    ignore = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)" if ignore_sigterm \
+        else ""
+    child = subprocess.Popen([sys.executable, "-c", TREE.format(ignore=ignore)],
+                             start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not process.descendants(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    tree = [psutil.Process(child.pid), *process.descendants(child.pid)]
+    assert len(tree) == 2
+    return child, tree
+
+
+def gone(tree: list) -> bool:
+    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree)
+
+
+@pytest.mark.parametrize("ignore_sigterm", [False, True])
+def test_stop_leaves_no_process(monkeypatch, ignore_sigterm):
+    monkeypatch.setattr(process, "GRACE_SECONDS", 1.0)
+    child, tree = tree_of(ignore_sigterm)
+    process.stop(child, process.descendants(child.pid))
+    deadline = time.monotonic() + 10
+    while not gone(tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(tree)
+
+
+def test_wait_ready_reports_an_early_exit():
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(ServeError, match="SGLang exited with code 3 before it was ready"):
+        process.wait_ready(child, f"http://127.0.0.1:{port}")

@@ -1,0 +1,24 @@
+"""The suite's pytest configuration: `python -m pytest` and `python -m pytest -q` both end
+with the "N passed" summary line (an `addopts = "-q"` made `-q` a `-qq`, which hides it)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("quiet", [[], ["-q"]])
+def test_runs_end_with_the_summary_line(tmp_path, quiet):
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", *quiet, "-c",
+                          str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+                          "-p", "no:cacheprovider", str(tmp_path / "test_one.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"\b1 passed\b", run.stdout.strip().splitlines()[-1]), run.stdout
