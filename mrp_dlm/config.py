@@ -22,7 +22,7 @@ STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only mod
 MRP_MODES = ("direct", "speculative", "remask")  # modes that need an MRP head
 LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
-REMASK_RULES = ("confidence", "delta")
+REMASK_RULES = ("confidence", "delta", "chain")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import Proposal, propose, token_confidence
-from mrp_dlm.decoding.selection import revoke_unconfident, select_dynamic, veto_large_residual
+from mrp_dlm.decoding.selection import (keep_consistent_prefix, rank_positions,
+                                        revoke_unconfident, select_dynamic, veto_large_residual)
 from mrp_dlm.decoding.step import Advance, BackboneStep, Step
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import MRPHead
@@ -37,6 +38,8 @@ class RemaskDecoder:
              proposal: Proposal, commit: torch.Tensor) -> torch.Tensor:
         """The reveals (B, L) that survive the head's second opinion."""
         model, positions = context.model, context.positions
+        if self.config.remask_rule == "chain":
+            return self.keep_chain(context, block, base, proposal, commit)
         context.counters.add_head_steps(1)
         if self.config.remask_rule == "delta":
             residual_hidden = self.head(model, block, base.hidden, positions)  # (B, L, H)
@@ -48,6 +51,31 @@ class RemaskDecoder:
                                     self.sampling)  # (B, L)
         confident = commit & (proposal.confidence > self.config.threshold)
         return revoke_unconfident(commit, confident, rescored, self.config.threshold)
+
+    def keep_chain(self, context: BlockContext, block: torch.Tensor, base: BackboneStep,
+                   proposal: Proposal, commit: torch.Tensor) -> torch.Tensor:
+        """The reveals (B, L) before the first one the head no longer finds above threshold
+        once the more confident reveals of its step are made."""
+        rank = rank_positions(proposal.confidence, commit)  # (B, L), reveals first
+        checked = commit & (proposal.confidence > self.config.threshold) & (rank > 0)  # (B, L)
+        row, at = checked.nonzero(as_tuple=True)  # (N,) each: the step's one host sync
+        confirmed = torch.ones_like(commit)
+        if row.numel():
+            context.counters.add_head_steps(1)
+            confidence = self.check(context, block[row], base.hidden[row], proposal, commit,
+                                    rank, row, at)  # (N,)
+            confirmed[row, at] = confidence > self.config.threshold
+        return keep_consistent_prefix(commit, rank, confirmed)
+
+    def check(self, context, blocks, hidden, proposal, commit, rank, row, at):
+        model = context.model
+        N = row.shape[0]
+        before = commit[row] & (rank[row] < rank[row, at][:, None])  # (N, L)
+        copies = torch.where(before, proposal.tokens[row], blocks)  # (N, L)
+        accumulator = self.head.advance(model, copies, hidden, context.positions[row])  # (N, L, H)
+        logits = model.logits(accumulator[torch.arange(N), at])  # (N, V)
+        return token_confidence(logits[:, None], proposal.tokens[row, at][:, None],
+                                context.schedule.mask_token_id, self.sampling)[:, 0]  # (N,)
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows = step.rows

@@ -98,3 +98,16 @@ def veto_large_residual(commit: torch.Tensor, residual_size: torch.Tensor,
     """
     keep = commit & (residual_size <= delta)  # (B, L)
     return keep_at_least_one(commit, keep, -residual_size)
+
+
+def keep_consistent_prefix(commit: torch.Tensor, rank: torch.Tensor,
+                           confirmed: torch.Tensor) -> torch.Tensor:
+    """Remask (chain rule): the reveals ranked before the first unconfirmed one.
+
+    commit: (B, L) this step's reveals; rank: (B, L) their order (0 first, as
+    `rank_positions` on commit); confirmed: (B, L) False where a reveal failed its check.
+    A row keeps at least its rank-0 reveal.
+    """
+    failed = commit & ~confirmed & (rank > 0)  # (B, L)
+    first = torch.where(failed, rank, commit.shape[1]).min(dim=1, keepdim=True).values  # (B, 1)
+    return commit & (rank < first)
