@@ -25,6 +25,12 @@ Semantics (MRP_BRIEF §2, §4):
   <= threshold goes back to mask; a step keeps at least its best re-scored reveal.
 - remask, delta rule: the head runs on the block before the commit; a proposal with
   |C[pos, token]| > delta is vetoed; if all are vetoed the smallest |C| is kept.
+- remask, chain rule: dynamic proposal as above; the reveals in order of confidence
+  (highest first, ties to the lower position); the first is kept, and each next reveal that
+  was above threshold is kept while its probability under A + C, with the head run on the
+  block holding only the reveals kept before it (h_in = h_A), stays above threshold; the
+  first that does not ends the step's reveals (fallback reveals, below threshold, are kept
+  unchecked).
 - Blocks, stop handling and trimming are those of `reference.py`.
 
 Deliberately not here: batching, caches, speed.
@@ -58,6 +64,7 @@ class Trace:
     histogram: list[int] = field(default_factory=list)  # speculative rounds by head drafts accepted
     revoked: int = 0  # remask: proposals sent back to mask (confidence) or vetoed (delta)
     fallbacks: int = 0  # remask: steps that revoked every proposal and kept the best one
+    confirmed: int = 0  # remask chain rule: reveals the head check kept
     margin: float = math.inf  # the smallest decision margin seen (see `reference.Margins`)
 
     def add_margin(self, value: float) -> None:
@@ -186,8 +193,11 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
         commit, margin = above_threshold(config.threshold, masked, confidence,
                                          quotas[min(step, steps - 1)])
         trace.add_margin(margin)
-        trace.head_calls += 1
-        if config.remask_rule == "confidence":
+        if config.remask_rule == "chain":
+            kept = chain_keep(model, head, sequence, start, hidden, proposals, commit, config,
+                              trace)
+        elif config.remask_rule == "confidence":
+            trace.head_calls += 1
             fresh = [proposals[j].token if j in commit else t for j, t in enumerate(block)]
             corrected_hidden = hidden + head_residual(model, head, fresh, hidden, start)  # h_A + h_C
             corrected = exact_logits(model, corrected_hidden[None])[0]  # A + C
@@ -203,6 +213,7 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
                 trace.add_margin(rank_gap(ranked, rescored, 1))
                 trace.fallbacks += 1
         else:
+            trace.head_calls += 1
             residual = exact_logits(model, head_residual(model, head, block, hidden, start)[None])[0]
             size = {j: abs(residual[j, proposals[j].token].item()) for j in commit}
             trace.add_margin(min((abs(size[j] - config.remask_delta) for j in commit), default=math.inf))
@@ -219,6 +230,32 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
             sequence[start + j] = proposals[j].token
         step += 1
     trace.steps += step
+
+
+def chain_keep(model: Backbone, head: MRPHead, sequence: list[int], start: int, hidden: torch.Tensor,
+               proposals: dict, commit: list[int], config: DecodeConfig, trace: Trace) -> list[int]:
+    """The chain rule's kept reveals: one head run per checked reveal, on the ones kept."""
+    block = sequence[start:start + len(hidden)]
+    confidence = {j: p.confidence for j, p in proposals.items()}
+    order = by_score(commit, confidence, True)
+    trace.add_margin(min((rank_gap(order, confidence, n) for n in range(1, len(order))),
+                         default=math.inf))
+    kept, checked = order[:1], False
+    for j in order[1:]:
+        if confidence[j] > config.threshold:
+            state = [proposals[i].token if i in kept else t for i, t in enumerate(block)]
+            corrected_hidden = hidden + head_residual(model, head, state, hidden, start)
+            corrected = exact_logits(model, corrected_hidden[None])[0]  # A + C
+            rescored = probability(corrected[j], proposals[j].token, model.config.mask_token_id,
+                                   config)
+            trace.add_margin(abs(rescored - config.threshold))
+            checked = True
+            if rescored <= config.threshold:
+                break
+            trace.confirmed += 1
+        kept.append(j)
+    trace.head_calls += checked
+    return kept
 
 
 BLOCK_DECODERS = {"direct": direct_block, "speculative": speculative_block,
