@@ -12,6 +12,7 @@ from mrp_dlm.config import DecodeConfig, HeadTrainConfig, TrainConfig
 from mrp_dlm.eval.bench import BENCH_BATCH_SIZE
 from mrp_dlm.eval.demo import DEMO_PROBLEMS
 from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
+from mrp_dlm.eval.pareto import PARETO_BATCH_SIZE
 from mrp_dlm.eval.runner import EVAL_BATCH_SIZE
 from mrp_dlm.eval.tasks.registry import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
@@ -182,12 +183,25 @@ def cmd_eval(args: argparse.Namespace, decode_fields: list[str]) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
-    from mrp_dlm.eval import bench
+def bench_defaults(args: argparse.Namespace) -> None:
+    """--grid and --batch-size left unset: the Pareto sweep's with --pareto, else the bench's."""
+    if args.batch_size is None:
+        args.batch_size = PARETO_BATCH_SIZE if args.pareto else BENCH_BATCH_SIZE
+    if args.grid is None and not args.pareto:
+        args.grid = DEFAULT_GRID
 
-    configs = parse_grid(args.grid, build_dataclass(DecodeConfig, args, decode_fields))
+
+def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
+    from mrp_dlm.eval import bench, pareto
+
+    bench_defaults(args)
+    base = build_dataclass(DecodeConfig, args, decode_fields)
+    configs = None if args.grid is None else parse_grid(args.grid, base)  # fails first
     task, examples = load_examples(args)
-    pipe = load_pipeline(args, configs[0].block_size)
+    pipe = load_pipeline(args, base.block_size)
+    if configs is None:  # --pareto: the sweeps that fit the model's block size
+        block_size = base.block_size or pipe.model.config.block_size
+        configs = parse_grid(pareto.pareto_grid(block_size), base)
     configs, dropped = bench.split_by_head(configs, pipe.head_dir is not None)
     if dropped:
         print(f"note: no MRP head (give --head DIR), so {', '.join(dropped)} are left out")
@@ -197,7 +211,7 @@ def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
                  batch_size=args.batch_size)
     report = bench.bench_report(rows, setup, configs)
     paths = bench.write_bench(Path(args.out), report)
-    print(bench.markdown(rows))
+    print(pareto.markdown(rows) if args.pareto else bench.markdown(rows))
     for row in bench.lossless_violations(rows):
         print(f"WARNING: {row['label']} is lossless by construction but differs from "
               f"{row['reproduces']} on {row['differing_from_rule']} of {row['n']} problems")
@@ -231,7 +245,8 @@ def add_serve_parser(commands) -> list[str]:
     return fields
 
 
-def add_task_flags(parser: argparse.ArgumentParser, batch_size: int) -> None:
+def add_task_flags(parser: argparse.ArgumentParser, batch_size: int | None,
+                   batch_help: str = "") -> None:
     """--task, --data, --limit, --batch-size and --out of `mrp eval` and `mrp bench`."""
     parser.add_argument("--task", required=True, choices=TASK_NAMES, help="benchmark task")
     parser.add_argument("--data", default=None,
@@ -239,7 +254,7 @@ def add_task_flags(parser: argparse.ArgumentParser, batch_size: int) -> None:
     parser.add_argument("--limit", type=int, default=None,
                         help="first N test problems (default: all)")
     parser.add_argument("--batch-size", type=int, default=batch_size,
-                        help=f"prompts per decode call (default: {batch_size})")
+                        help=f"prompts per decode call (default: {batch_help or batch_size})")
     parser.add_argument("--out", required=True, help="output directory")
 
 
@@ -252,14 +267,20 @@ def add_eval_parsers(commands) -> dict[str, list[str]]:
 
     grid = commands.add_parser("bench", help="a grid of modes on one task, ratios against static")
     add_model_flags(grid)
-    add_task_flags(grid, BENCH_BATCH_SIZE)
-    grid.add_argument("--grid", default=DEFAULT_GRID,
+    add_task_flags(grid, None, f"{BENCH_BATCH_SIZE}; {PARETO_BATCH_SIZE} with --pareto")
+    grid.add_argument("--pareto", action="store_true",
+                      help="judge every mode at matched speed: the default grid becomes the "
+                           "Pareto sweeps (dynamic over τ, direct over K, remask over τ, entropy "
+                           "over its bound, speculative:3@0.9; eval/pareto.py), the default "
+                           f"batch size {PARETO_BATCH_SIZE}, and the printed table each row "
+                           "against the head-free frontier (dynamic) at its own speed")
+    grid.add_argument("--grid", default=None,
                       help="comma-separated mode or mode:value entries; the value is the "
                            "threshold (dynamic, remask), the lookahead (direct, speculative) or "
                            "the entropy bound (entropy); speculative:K@T also sets the "
                            "threshold T of the rule it reproduces (T = 1: static), and that "
                            "rule is run too; static is always run first "
-                           f"(default: {DEFAULT_GRID})")
+                           f"(default: {DEFAULT_GRID}; with --pareto, the Pareto sweeps)")
     bench_fields = add_dataclass_flags(
         grid, DecodeConfig, skip=("stop_token_ids", "mode", *sorted(set(VALUE_FIELDS.values()))))
     return {"eval": eval_fields, "bench": bench_fields}

@@ -22,7 +22,6 @@ STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only mod
 MRP_MODES = ("direct", "speculative", "remask")  # modes that need an MRP head
 LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
-REMASK_RULES = ("confidence", "delta")
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class DecodeConfig:
     mode: str = "static"  # decoding method: static, dynamic, sequential, entropy, direct, speculative (lossless: equals dynamic at --threshold, static at 1.0, greedy or seeded sampled), remask
     block_size: int | None = None  # tokens per block; None means the model's
     steps: int | None = None  # denoising steps per block; None means block_size
-    threshold: float = 0.9  # dynamic, and the rule speculative reproduces: commit every masked position with confidence > threshold, else the most confident (1.0: static, one per step)
+    threshold: float = 0.9  # dynamic and remask, and the rule speculative reproduces: commit every masked position with confidence > threshold, else the most confident (1.0: static, one per step); remask keeps those the head still finds above it
     entropy_bound: float = 0.5  # entropy: summed entropy (nats) of one step's commits stays <= this
     max_new_tokens: int = 128  # generated tokens per prompt (before stop trimming)
     temperature: float = 0.0  # 0 is greedy; > 0 samples
@@ -84,8 +83,6 @@ class DecodeConfig:
     seed: int = 0  # sampling seed; a row's draws depend on it and the row's positions only
     lookahead: int = 3  # direct/speculative: MRP head steps per backbone forward (K)
     adaptive: bool = True  # speculative: run only the head drafts that the measured acceptance and round cost say pay off (lookahead is the most); off: always lookahead
-    remask_rule: str = "confidence"  # remask: confidence (re-score reveals on A+C) or delta (veto |C| > remask_delta)
-    remask_delta: float = 2.0  # remask delta rule: veto a proposal whose residual logit exceeds this
     stop_token_ids: tuple[int, ...] | None = None  # None means the model's stop ids
 
     def __post_init__(self) -> None:
@@ -93,11 +90,6 @@ class DecodeConfig:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.lookahead < 1:
             raise ValueError(f"lookahead must be >= 1, got {self.lookahead}")
-        if self.remask_rule not in REMASK_RULES:
-            raise ValueError(f"unknown remask_rule {self.remask_rule!r}; choose one of "
-                             f"{', '.join(REMASK_RULES)}")
-        if self.remask_delta <= 0:
-            raise ValueError(f"remask_delta must be > 0, got {self.remask_delta}")
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.steps is not None and self.steps < 1:

@@ -19,12 +19,13 @@ Semantics (MRP_BRIEF §2, §4):
   after a state without masks), then checks every draft by running the full backbone on
   each candidate state S_j separately: draft j+1 stands while the backbone's own step on
   S_j gives S_{j+1}. The block becomes the last accepted state.
-- remask, confidence rule: dynamic proposal (every masked position above threshold, the
-  top n_s when fewer qualify); the head runs once on the block with those fresh reveals
-  (h_in = h_A); a reveal that was above threshold and whose probability under A + C is
-  <= threshold goes back to mask; a step keeps at least its best re-scored reveal.
-- remask, delta rule: the head runs on the block before the commit; a proposal with
-  |C[pos, token]| > delta is vetoed; if all are vetoed the smallest |C| is kept.
+- remask: dynamic proposal (every masked position above threshold, the top n_s when fewer
+  qualify); the reveals in order of confidence
+  (highest first, ties to the lower position); the first is kept, and each next reveal that
+  was above threshold is kept while its probability under A + C, with the head run on the
+  block holding only the reveals kept before it (h_in = h_A), stays above threshold; the
+  first that does not ends the step's reveals (fallback reveals, below threshold, are kept
+  unchecked).
 - Blocks, stop handling and trimming are those of `reference.py`.
 
 Deliberately not here: batching, caches, speed.
@@ -55,8 +56,8 @@ class Trace:
     steps: int = 0  # direct / remask: backbone steps; speculative: rounds with head drafts
     head_calls: int = 0  # head forwards
     histogram: list[int] = field(default_factory=list)  # speculative rounds by head drafts accepted
-    revoked: int = 0  # remask: proposals sent back to mask (confidence) or vetoed (delta)
-    fallbacks: int = 0  # remask: steps that revoked every proposal and kept the best one
+    revoked: int = 0  # remask: proposals sent back to mask
+    confirmed: int = 0  # remask: reveals the head's check kept
     margin: float = math.inf  # the smallest decision margin seen (see `reference.Margins`)
 
     def add_margin(self, value: float) -> None:
@@ -188,32 +189,7 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
         commit, margin = above_threshold(config.threshold, masked, confidence,
                                          quotas[min(step, steps - 1)])
         trace.add_margin(margin)
-        trace.head_calls += 1
-        if config.remask_rule == "confidence":
-            fresh = [proposals[j].token if j in commit else t for j, t in enumerate(block)]
-            corrected_hidden = hidden + head_residual(model, head, fresh, hidden, start)  # h_A + h_C
-            corrected = exact_logits(model, corrected_hidden[None])[0]  # A + C
-            rescored = {j: probability(corrected[j], proposals[j].token, mask_token_id, config)
-                        for j in commit}
-            confident = [j for j in commit if confidence[j] > config.threshold]
-            trace.add_margin(min((abs(rescored[j] - config.threshold) for j in confident),
-                                 default=math.inf))
-            kept = [j for j in commit if not (j in confident and rescored[j] <= config.threshold)]
-            if not kept:
-                ranked = by_score(commit, rescored, True)
-                kept = ranked[:1]
-                trace.add_margin(rank_gap(ranked, rescored, 1))
-                trace.fallbacks += 1
-        else:
-            residual = exact_logits(model, head_residual(model, head, block, hidden, start)[None])[0]
-            size = {j: abs(residual[j, proposals[j].token].item()) for j in commit}
-            trace.add_margin(min((abs(size[j] - config.remask_delta) for j in commit), default=math.inf))
-            kept = [j for j in commit if size[j] <= config.remask_delta]
-            if not kept:
-                ranked = by_score(commit, size, False)
-                kept = ranked[:1]
-                trace.add_margin(rank_gap(ranked, size, 1))
-                trace.fallbacks += 1
+        kept = chain_keep(model, head, sequence, start, hidden, proposals, commit, config, trace)
         assert kept and set(kept) <= set(commit), "reference remask made no progress"
         trace.revoked += len(commit) - len(kept)
         for j in kept:
@@ -221,6 +197,32 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
             sequence[start + j] = proposals[j].token
         step += 1
     trace.steps += step
+
+
+def chain_keep(model: Backbone, head: MRPHead, sequence: list[int], start: int, hidden: torch.Tensor,
+               proposals: dict, commit: list[int], config: DecodeConfig, trace: Trace) -> list[int]:
+    """The reveals remask keeps: one head run per checked reveal, on the ones kept."""
+    block = sequence[start:start + len(hidden)]
+    confidence = {j: p.confidence for j, p in proposals.items()}
+    order = by_score(commit, confidence, True)
+    trace.add_margin(min((rank_gap(order, confidence, n) for n in range(1, len(order))),
+                         default=math.inf))
+    kept, checked = order[:1], False
+    for j in order[1:]:
+        if confidence[j] > config.threshold:
+            state = [proposals[i].token if i in kept else t for i, t in enumerate(block)]
+            corrected_hidden = hidden + head_residual(model, head, state, hidden, start)
+            corrected = exact_logits(model, corrected_hidden[None])[0]  # A + C
+            rescored = probability(corrected[j], proposals[j].token, model.config.mask_token_id,
+                                   config)
+            trace.add_margin(abs(rescored - config.threshold))
+            checked = True
+            if rescored <= config.threshold:
+                break
+            trace.confirmed += 1
+        kept.append(j)
+    trace.head_calls += checked
+    return kept
 
 
 BLOCK_DECODERS = {"direct": direct_block, "speculative": speculative_block,

@@ -97,9 +97,25 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
     assert (spec["reproduces"], spec["identical_to_rule"], spec["differing_from_rule"]) == \
         ("dynamic:0.5", 1.0, 0)
     assert report["config"]["head"] == str(head_dir.resolve())
-    for name in ("bench.json", "bench.md", "accuracy_vs_speedup.png",
+    for name in ("bench.json", "bench.md", "pareto.md", "accuracy_vs_speedup.png",
                  "accuracy_vs_tokens_per_forward.png"):
         assert (tmp_path / name).is_file()
+
+
+def test_bench_pareto_sweeps_every_family_and_judges_it(saved_model_and_head, tmp_path, capsys):
+    model_dir, head_dir = saved_model_and_head
+    code, out, err = run_cli(capsys, "bench", "--pareto", "--task", "arith", "--model",
+                             str(model_dir), "--head", str(head_dir), "--limit", "2",
+                             "--max-new-tokens", "4", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "| vs frontier (points) |" in out.splitlines()[0]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["config"]["batch_size"] == 50
+    labels = [row["label"] for row in report["rows"]]
+    assert labels[0] == "static" and "direct:4" in labels and "direct:6" not in labels  # block 4
+    assert {row["mode"] for row in report["rows"]} == {"static", "dynamic", "direct", "remask",
+                                                       "entropy", "speculative"}
+    assert (tmp_path / "pareto.md").is_file()
 
 
 def test_bench_without_a_head_leaves_mrp_modes_out(saved_model_and_head, tmp_path, capsys):

@@ -1,16 +1,31 @@
-"""Remask MRP decoding for the low-threshold dynamic regime: revoke over-eager reveals.
+"""Remask MRP decoding for the low-threshold dynamic regime: keep a step's reveals only while
+the head finds them consistent with each other.
 
-Each step costs one backbone and one head forward.
-- confidence rule (the paper's, default): the backbone proposes every masked position
-  above the threshold (the dynamic rule, with its n_s fallback); one head pass on the
-  block with those fresh reveals re-scores them on A + C; reveals that were above the
-  threshold and no longer are go back to mask. Same threshold, no new knob.
-- delta rule (the published code's): the head runs on the block before the commit, and
-  any proposal whose residual logit |C[pos, token]| exceeds remask_delta is vetoed.
-Either way a step commits at least one token. With a head that predicts no change both
-rules equal dynamic decoding at the same threshold.
+A threshold step commits every masked position above τ at once, each judged on the block
+before the step: two reveals can each be likely and yet not go together (on the embedded
+model, half of `cookies = cookies - 8` with half of `cookies -= 8`). The head predicts
+what the backbone would say after given reveals, and it is trained for exactly that: the
+logits of positions still masked after a (random) set of reveals. So each step:
 
-Shapes: B batch, L block size, H hidden, V vocab.
+    propose  the dynamic rule on the backbone's logits A (every masked position above τ,
+             else the top n_s);
+    order    the step's reveals by confidence, highest first (ties to the lower position);
+    check    every reveal above τ after the first, in one batched head pass: its token's
+             probability under A + C, the head run on the block holding only the reveals
+             ranked before it (the reveal itself still masked, as in training);
+    keep     the reveals ranked before the first one that is no longer above τ.
+
+A step keeps at least its first reveal (the progress guarantee). With a head that predicts
+no change every check repeats the proposal's own confidence, so this is dynamic decoding
+at the same τ. The head pass costs one head forward over as many block copies as the batch
+has reveals to check; sizing it is the step's one host sync (`nonzero`).
+
+Measured (docs/experiments.md, 2026-12-01): this rule replaced the two published ones
+(re-score every reveal on the head run with all of them revealed; veto reveals whose
+residual logit |C| is large), which did no better than dynamic decoding at matched tokens
+per forward.
+
+Shapes: B batch, L block size, H hidden, V vocab, N reveals checked in the batch.
 """
 
 from __future__ import annotations
@@ -20,10 +35,21 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import Proposal, draw_index, propose, token_confidence
-from mrp_dlm.decoding.selection import revoke_unconfident, select_dynamic, veto_large_residual
+from mrp_dlm.decoding.selection import keep_consistent_prefix, rank_positions, select_dynamic
 from mrp_dlm.decoding.step import Advance, BackboneStep, Step
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import MRPHead
+
+
+def chain_copies(block: torch.Tensor, proposal: Proposal, commit: torch.Tensor,
+                 rank: torch.Tensor, row: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """Block copies (N, L), one per checked reveal (row[n], at[n]): row's block with only
+    the reveals ranked before that one.
+
+    block, commit, rank: (B, L); proposal.tokens: (B, L); row, at: (N,) int64.
+    """
+    before = commit[row] & (rank[row] < rank[row, at][:, None])  # (N, L)
+    return torch.where(before, proposal.tokens[row], block[row])  # (N, L)
 
 
 class RemaskDecoder:
@@ -33,21 +59,32 @@ class RemaskDecoder:
         self.config, self.head = config, head
         self.sampling = sampling_of(config)
 
+    def recheck(self, context: BlockContext, copies: torch.Tensor, base: BackboneStep,
+                row: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Probability (N,) of each checked reveal's token under A + C of its copy (N, L)."""
+        model = context.model
+        accumulator = self.head.advance(model, copies, base.hidden[row],
+                                        context.positions[row])  # (N, L, H)
+        at_reveal = accumulator[torch.arange(at.shape[0], device=at.device), at]  # (N, H)
+        logits = model.logits(at_reveal)[:, None]  # (N, 1, V)
+        return token_confidence(logits, tokens[:, None], context.schedule.mask_token_id,
+                                self.sampling)[:, 0]  # (N,)
+
     def keep(self, context: BlockContext, block: torch.Tensor, base: BackboneStep,
              proposal: Proposal, commit: torch.Tensor) -> torch.Tensor:
-        """The reveals (B, L) that survive the head's second opinion."""
-        model, positions = context.model, context.positions
-        context.counters.add_head_steps(1)
-        if self.config.remask_rule == "delta":
-            residual_hidden = self.head(model, block, base.hidden, positions)  # (B, L, H)
-            residual = model.logits(residual_hidden).gather(-1, proposal.tokens[..., None])[..., 0]
-            return veto_large_residual(commit, residual.abs(), self.config.remask_delta)
-        fresh = torch.where(commit, proposal.tokens, block)  # (B, L)
-        corrected = model.logits(self.head.advance(model, fresh, base.hidden, positions))
-        rescored = token_confidence(corrected, proposal.tokens, context.schedule.mask_token_id,
-                                    self.sampling)  # (B, L)
-        confident = commit & (proposal.confidence > self.config.threshold)
-        return revoke_unconfident(commit, confident, rescored, self.config.threshold)
+        """The reveals (B, L) ranked before the first one the head no longer finds above
+        the threshold once the reveals ranked before it are made."""
+        threshold = self.config.threshold
+        rank = rank_positions(proposal.confidence, commit)  # (B, L), the step's reveals first
+        checked = commit & (proposal.confidence > threshold) & (rank > 0)  # (B, L)
+        row, at = checked.nonzero(as_tuple=True)  # (N,) each: the step's one host sync
+        confirmed = torch.ones_like(commit)  # (B, L)
+        if row.numel():
+            context.counters.add_head_steps(1)
+            copies = chain_copies(block, proposal, commit, rank, row, at)  # (N, L)
+            rescored = self.recheck(context, copies, base, row, at, proposal.tokens[row, at])
+            confirmed[row, at] = rescored > threshold
+        return keep_consistent_prefix(commit, rank, confirmed)
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows = step.rows

@@ -72,32 +72,14 @@ def select_entropy_bounded(entropy: torch.Tensor, eligible: torch.Tensor,
     return torch.zeros_like(eligible).scatter(1, order, keep_sorted)
 
 
-def keep_at_least_one(commit: torch.Tensor, keep: torch.Tensor,
-                      scores: torch.Tensor) -> torch.Tensor:
-    """keep (B, L), except that a row which committed something but keeps nothing keeps
-    its best-scoring commit (the progress guarantee of the remask rules)."""
-    emptied = commit.any(dim=1, keepdim=True) & ~keep.any(dim=1, keepdim=True)  # (B, 1)
-    return torch.where(emptied, select_static(scores, commit, 1), keep)
+def keep_consistent_prefix(commit: torch.Tensor, rank: torch.Tensor,
+                           confirmed: torch.Tensor) -> torch.Tensor:
+    """Remask: the reveals ranked before the first unconfirmed one.
 
-
-def revoke_unconfident(commit: torch.Tensor, confident: torch.Tensor, rescored: torch.Tensor,
-                       threshold: float) -> torch.Tensor:
-    """Remask (paper rule): drop reveals that were above threshold and no longer are.
-
-    commit: (B, L) this step's reveals; confident: (B, L) those revealed for being above
-    threshold (fallback reveals are kept: they are the progress guarantee); rescored:
-    (B, L) their confidence under A + C. A row keeps at least its best rescored reveal.
+    commit: (B, L) this step's reveals; rank: (B, L) their order (0 first, as
+    `rank_positions` on commit); confirmed: (B, L) False where a reveal failed its check.
+    A row keeps at least its rank-0 reveal.
     """
-    keep = commit & ~(confident & (rescored <= threshold))  # (B, L)
-    return keep_at_least_one(commit, keep, rescored)
-
-
-def veto_large_residual(commit: torch.Tensor, residual_size: torch.Tensor,
-                        delta: float) -> torch.Tensor:
-    """Remask (published code's rule): veto reveals whose |residual logit| exceeds delta.
-
-    residual_size: (B, L) |C[pos, token]|. If a row vetoes every reveal it keeps the one
-    with the smallest residual.
-    """
-    keep = commit & (residual_size <= delta)  # (B, L)
-    return keep_at_least_one(commit, keep, -residual_size)
+    failed = commit & ~confirmed & (rank > 0)  # (B, L)
+    first = torch.where(failed, rank, commit.shape[1]).min(dim=1, keepdim=True).values  # (B, 1)
+    return commit & (rank < first)

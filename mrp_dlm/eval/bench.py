@@ -13,10 +13,14 @@ then decodes the problems of each task with every config, static first. A row re
   forwards (head steps included) in the rule's forwards (seconds per backbone forward over
   the rule's), so that speed over the rule = (tokens per forward ratio) / (forward cost);
 - identical-to-static: the fraction of problems whose generated ids equal static's, and
-  whether the mode is lossless by construction (its rate against its rule must be 1).
-Wall-clock speedups are judged at batch 1 (`BENCH_BATCH_SIZE`).
+  whether the mode is lossless by construction (its rate against its rule must be 1);
+- the head-free frontier's accuracy at the row's tokens per forward and tokens/s, and the
+  row's difference from it (`pareto.py`; `mrp bench --pareto` sweeps every mode's knob).
+Wall-clock speedups are judged at batch 1 (`BENCH_BATCH_SIZE`). One progress bar covers
+the run; a completion is graded once however many configs produce it (`GradeMemo`).
 
-Deliberately not here: grid spec parsing (see `grid.py`), drawing (`plots.py`), printing.
+Deliberately not here: grid spec parsing (see `grid.py`), the frontier (`pareto.py`),
+drawing (`plots.py`), printing.
 """
 
 from __future__ import annotations
@@ -24,23 +28,25 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
-from mrp_dlm.eval import plots, provenance, store
+from mrp_dlm.eval import pareto, plots, provenance, store
 from mrp_dlm.eval.grid import LOSSLESS_MODES, grid_label, rule_of, setting_of
-from mrp_dlm.eval.runner import EvalResult, check_batch_size, check_config, evaluate
+from mrp_dlm.eval.runner import (EvalResult, check_batch_size, check_config, collect, evaluate,
+                                 evaluate_batches)
 from mrp_dlm.eval.tasks.common import Example, Task
 from mrp_dlm.model.loading import write_atomic
 from mrp_dlm.pipeline import Pipeline
 
 WARMUP_PROBLEMS = 2  # problems per config in the excluded warm-up pass
 BENCH_BATCH_SIZE = 1  # prompts per decode call: wall-clock speedups are judged at batch 1
-BENCH_FILE, TABLE_FILE = "bench.json", "bench.md"
+BENCH_FILE, TABLE_FILE, PARETO_FILE = "bench.json", "bench.md", "pareto.md"
 PLOTS = {"accuracy_vs_speedup.png": ("speedup", "speedup over static (tokens/s ratio)"),
          "accuracy_vs_tokens_per_forward.png": ("tokens_per_forward",
                                                 "tokens per backbone forward (end to end)")}
@@ -69,6 +75,28 @@ def split_by_head(configs: tuple[DecodeConfig, ...],
     return tuple(config for config in configs if config.mode not in MRP_MODES), dropped
 
 
+@dataclass
+class GradeMemo:
+    """A task whose verdicts are kept per (example uid, completion): a bench grades each
+    distinct completion once, however many of its configs produce it."""
+
+    task: Task
+    verdicts: dict[tuple[str, str], bool] = field(default_factory=dict)
+
+    def __getattr__(self, name: str):  # everything but grading is the task's own
+        if name == "task":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    def grade_many(self, examples: Sequence[Example], completions: Sequence[str]) -> list[bool]:
+        keys = [(example.uid, text) for example, text in zip(examples, completions, strict=True)]
+        todo = {key: example for key, example in zip(keys, examples) if key not in self.verdicts}
+        if todo:
+            verdicts = self.task.grade_many(list(todo.values()), [text for _, text in todo])
+            self.verdicts.update(zip(todo, verdicts))
+        return [self.verdicts[key] for key in keys]
+
+
 def run_bench(pipe: Pipeline, suites: list[tuple[Task, list[Example]]],
               configs: tuple[DecodeConfig, ...], batch_size: int = BENCH_BATCH_SIZE,
               progress: bool = False) -> list[GridResults]:
@@ -81,10 +109,22 @@ def run_bench(pipe: Pipeline, suites: list[tuple[Task, list[Example]]],
             check_config(pipe, config)
         except ValueError as error:
             raise ValueError(f"grid entry {grid_label(config)!r}: {error}") from None
+    suites = [(GradeMemo(task), examples) for task, examples in suites]
     warm_up(pipe, suites[0], configs, batch_size, progress)
-    return [GridResults(task.name, tuple(evaluate(pipe, task, examples, config, batch_size,
-                                                  progress) for config in configs))
-            for task, examples in suites]
+    total = len(configs) * sum(len(examples) for _, examples in suites)
+    with tqdm(total=total, unit="sample", disable=not progress) as bar:
+        return [GridResults(task.name, tuple(run_config(pipe, (task, examples), config,
+                                                        batch_size, bar) for config in configs))
+                for task, examples in suites]
+
+
+def run_config(pipe: Pipeline, suite: tuple[Task, list[Example]], config: DecodeConfig,
+               batch_size: int, bar: tqdm) -> EvalResult:
+    """One config on a suite's problems, advancing the run's one progress bar."""
+    task, examples = suite
+    bar.set_description(f"{task.name} {grid_label(config)}")
+    return collect(task.name, config,
+                   evaluate_batches(pipe, task, examples, config, batch_size, bar))
 
 
 def warm_up(pipe: Pipeline, suite: tuple[Task, list[Example]], configs: tuple[DecodeConfig, ...],
@@ -153,7 +193,8 @@ def bench_row(scope: str, results: list[EvalResult], static: list[EvalResult],
 
 
 def bench_rows(scope: str, grids: list[GridResults]) -> list[dict]:
-    """A row per config; several grids (tasks) pool their problems under `scope`."""
+    """A row per config, with the frontier columns; several grids (tasks) pool their
+    problems under `scope`."""
     configs = [result.config for result in grids[0].results]
     labels = [grid_label(config) for config in configs]
 
@@ -167,7 +208,7 @@ def bench_rows(scope: str, grids: list[GridResults]) -> list[dict]:
             grid_label(rule) in labels else None
         rows.append(bench_row(scope, column(index), column(0),
                               None if rule_index is None else column(rule_index)))
-    return rows
+    return pareto.with_frontier(rows)
 
 
 def lossless_violations(rows: list[dict]) -> list[dict]:
@@ -196,11 +237,13 @@ def bench_report(rows: list[dict], setup: dict, configs: tuple[DecodeConfig, ...
 
 
 def write_bench(out: Path, report: dict) -> list[Path]:
-    """bench.json, bench.md and the two trade-off plots in `out`; returns their paths."""
+    """bench.json, bench.md, pareto.md and the two trade-off plots in `out`; returns their
+    paths."""
     out.mkdir(parents=True, exist_ok=True)
     store.write_json(out / BENCH_FILE, report)
-    table = markdown(report["rows"]) + "\n"
-    write_atomic(out / TABLE_FILE, lambda tmp: tmp.write_text(table))
+    for name, table in ((TABLE_FILE, markdown(report["rows"])),
+                        (PARETO_FILE, pareto.markdown(report["rows"]))):
+        write_atomic(out / name, lambda tmp, text=table + "\n": tmp.write_text(text))
     for name, (key, label) in PLOTS.items():
         plots.plot_tradeoff(report["rows"], key, label, out / name)
-    return [out / BENCH_FILE, out / TABLE_FILE, *(out / name for name in PLOTS)]
+    return [out / BENCH_FILE, out / TABLE_FILE, out / PARETO_FILE, *(out / name for name in PLOTS)]

@@ -1,7 +1,10 @@
 """PNG plots of a benchmark: accuracy against a speed measure, one point per grid row.
 
-Lossless rows (static, speculative: the same tokens as static) are drawn with a distinct
-marker, and each point is labelled with its grid entry ("speculative:3").
+Each mode family (all rows of one mode: a sweep of its knob) is one colour, its points
+joined in speed order and labelled with their knob value; lossless rows (static,
+speculative) are stars. The head-free frontier (`pareto.frontier_rows`: dynamic decoding
+at its best) is drawn as a dashed line, so that a lossy point above it beats threshold
+decoding at that speed.
 
 Deliberately not here: computing the rows (see `bench.py`). Figures are drawn on the Agg
 canvas directly, never through pyplot's global state, so no display is ever needed.
@@ -11,29 +14,48 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mrp_dlm.eval.pareto import frontier_rows
 from mrp_dlm.model.loading import write_atomic
 
-MARKERS = {True: ("*", 220, "lossless (same tokens as static)"),
-           False: ("o", 60, "lossy")}  # lossless flag -> marker, size, legend entry
+MARKERS = {True: ("*", 200), False: ("o", 36)}  # lossless flag -> marker, size
+
+
+def point_label(row: dict) -> str:
+    """The knob value of a sweep point ("0.5", "3"), the whole entry for the others."""
+    mode, _, value = row["label"].partition(":")
+    return value if value and not row["lossless"] else row["label"]
+
+
+def plot_family(axes, rows: list[dict], x_key: str, colour: str) -> None:
+    rows = sorted(rows, key=lambda row: row[x_key])
+    xs, ys = [row[x_key] for row in rows], [row["accuracy"] for row in rows]
+    if len(rows) > 1 and not rows[0]["lossless"]:
+        axes.plot(xs, ys, color=colour, linewidth=1, alpha=0.6, zorder=2)
+    for row, x, y in zip(rows, xs, ys):
+        marker, size = MARKERS[row["lossless"]]
+        axes.scatter([x], [y], marker=marker, s=size, color=colour, zorder=3)
+        axes.annotate(point_label(row), (x, y), fontsize=6, xytext=(3, 3),
+                      textcoords="offset points", color=colour)
+    axes.plot([], [], color=colour, marker=MARKERS[rows[0]["lossless"]][0], linestyle="",
+              label=rows[0]["mode"])
 
 
 def plot_tradeoff(rows: list[dict], x_key: str, x_label: str, path: Path) -> None:
-    """Scatter of accuracy (y) against rows' `x_key` (x), saved to `path`."""
+    """Accuracy (y) against rows' `x_key` (x) by mode family, with the frontier; to `path`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy import, only here
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(7, 4.5), dpi=100)
+    figure = Figure(figsize=(8, 5), dpi=110)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    for lossless, (marker, size, legend) in MARKERS.items():
-        chosen = [row for row in rows if row["lossless"] == lossless and row[x_key] is not None]
-        if chosen:
-            axes.scatter([row[x_key] for row in chosen], [row["accuracy"] for row in chosen],
-                         marker=marker, s=size, label=legend, zorder=3)
-    for row in rows:
-        if row[x_key] is not None:
-            axes.annotate(row["label"], (row[x_key], row["accuracy"]), fontsize=7,
-                          xytext=(4, 4), textcoords="offset points")
+    shown = [row for row in rows if row[x_key] is not None]
+    frontier = frontier_rows(shown, x_key).points
+    if frontier:
+        axes.plot(*zip(*frontier), color="0.3", linestyle="--", linewidth=2, zorder=1,
+                  label="head-free frontier (dynamic)")
+    modes = list(dict.fromkeys(row["mode"] for row in shown))
+    for index, mode in enumerate(modes):
+        plot_family(axes, [row for row in shown if row["mode"] == mode], x_key, f"C{index}")
     tasks = sorted({row["task"] for row in rows})
     axes.set(xlabel=x_label, ylabel="accuracy", title=f"{', '.join(tasks)}: accuracy vs speed")
     axes.grid(True, alpha=0.3)

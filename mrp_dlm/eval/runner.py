@@ -107,11 +107,17 @@ def evaluate_batches(pipe: Pipeline, task: Task, examples: list[Example], config
 def evaluate(pipe: Pipeline, task: Task, examples: list[Example], config: DecodeConfig,
              batch_size: int = EVAL_BATCH_SIZE, progress: bool = False) -> EvalResult:
     """Decode and grade every example; samples in example order, stats summed."""
-    result = EvalResult(task=task.name, config=config)
     with progress_bar(task, config, len(examples), enabled=progress) as bar:
-        for batch in evaluate_batches(pipe, task, examples, config, batch_size, bar):
-            result.samples += batch.samples
-            result.stats = result.stats + batch.stats
+        return collect(task.name, config,
+                       evaluate_batches(pipe, task, examples, config, batch_size, bar))
+
+
+def collect(task: str, config: DecodeConfig, batches: Iterator[BatchResult]) -> EvalResult:
+    """One result of a config's batches: their samples in order, their stats summed."""
+    result = EvalResult(task=task, config=config)
+    for batch in batches:
+        result.samples += batch.samples
+        result.stats = result.stats + batch.stats
     return result
 
 

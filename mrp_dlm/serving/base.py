@@ -29,7 +29,8 @@ from mrp_dlm.serving.verify_batch import check_sglang_version
 
 
 class MrpAlgorithm(DllmAlgorithm):
-    """Base of MrpSpeculative and MrpDirect (FDFO only, greedy only, tp 1 only).
+    """Base of MrpSpeculative and MrpDirect (FDFO only, tp 1 only; which
+    requests each serves: `sampling_refusal`).
 
     `self.mask_id` and `self.block_size` are SGLang's (`DllmAlgorithm.__init__` sets them
     from its DllmConfig), so they keep SGLang's names; ours is `mask_token_id`."""

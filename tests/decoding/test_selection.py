@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.selection import (select_dynamic, select_entropy_bounded, select_sequential,
-                                        select_static)
+from mrp_dlm.decoding.selection import (keep_consistent_prefix, rank_positions, select_dynamic,
+                                        select_entropy_bounded, select_sequential, select_static)
 from reference import commit_positions
 
 
@@ -125,6 +125,27 @@ def test_entropy_ties_and_ineligible():
 def test_entropy_bound_zero_takes_all_zero_entropy_positions():
     entropy = t([[0.0, 0.7, 0.0, 0.0]])
     assert positions(select_entropy_bounded(entropy, ALL, 0.0)) == [[0, 2, 3]]
+
+
+# --- remask: the consistent prefix ---------------------------------------------------------
+
+def test_remask_keeps_the_reveals_ranked_before_the_first_failed_check():
+    confidence = t([[0.9, 0.6, 0.8, 0.7, 0.2], [0.5, 0.9, 0.6, 0.3, 0.6], [0.7, 0.8, 0.1, 0.1, 0.1]])
+    commit = b([[True, True, True, True, False], [True, True, True, False, True],
+                [True, True, False, False, False]])
+    rank = rank_positions(confidence, commit)
+    assert rank[0, :4].tolist() == [0, 3, 1, 2]  # by confidence, highest first
+    assert rank[1, [0, 1, 2, 4]].tolist() == [3, 0, 1, 2]  # the 0.6 tie: lower position first
+    confirmed = b([[True, True, True, False, True],  # rank 2 fails: keep ranks 0, 1
+                   [True, True, False, True, False],  # rank 1 (pos 2) fails: keep rank 0
+                   [False, False, True, True, True]])  # rank 0 never fails: kept alone
+    keep = keep_consistent_prefix(commit, rank, confirmed)
+    assert positions(keep) == [[0, 2], [1], [1]]
+    # Every reveal confirmed: all kept; the prefix never reaches past the step's reveals.
+    assert keep_consistent_prefix(commit, rank, torch.ones_like(commit)).equal(commit)
+    nothing = torch.zeros_like(commit)
+    assert not keep_consistent_prefix(nothing, rank_positions(confidence, nothing),
+                                      confirmed).any()
 
 
 # --- finished rows, empty blocks ------------------------------------------------------------

@@ -109,6 +109,11 @@ def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
     assert speculative["mean_accepted"] is not None and static["mean_accepted"] is None
     assert not rows["direct:1"]["lossless"] and rows["dynamic:0.5"]["speedup"] > 0
     assert speculative["accuracy"] == static["accuracy"] and all(r["n"] == 2 for r in rows.values())
+    # Every row is read against the frontier of static and dynamic:0.5, at its own speed; no
+    # head-free row is above it.
+    assert static["vs_frontier"] <= 0 and rows["dynamic:0.5"]["vs_frontier"] <= 0
+    assert all("frontier_accuracy" in r and "vs_frontier_at_tokens_per_second" in r
+               for r in rows.values())
     pooled = bench.bench_rows("all", grids)
     assert [row["n"] for row in pooled] == [4] * 5
     assert not bench.lossless_violations(pooled), [
@@ -116,13 +121,15 @@ def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
 
     report = bench.bench_report(list(rows.values()), dict(task="arith", device="cpu"), configs)
     paths = bench.write_bench(tmp_path / "out", report)
-    assert [p.name for p in paths] == ["bench.json", "bench.md", "accuracy_vs_speedup.png",
+    assert [p.name for p in paths] == ["bench.json", "bench.md", "pareto.md",
+                                       "accuracy_vs_speedup.png",
                                        "accuracy_vs_tokens_per_forward.png"]
     saved = json.loads(paths[0].read_text())
     assert saved["rows"] == list(rows.values()) and saved["config"]["grid"] == list(rows)
     assert {"commit", "hardware", "peak_memory_bytes"} <= set(saved)
     assert len(paths[1].read_text().splitlines()) == 2 + len(rows)
-    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths[2:])
+    assert len(paths[2].read_text().splitlines()) == 2 + len(rows)
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths[3:])
 
 
 def test_lossless_violations_and_markdown_placeholders():

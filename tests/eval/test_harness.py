@@ -91,8 +91,9 @@ def test_request_settings_override_the_model_args():
         generation_of(base, {"repetition_penalty": 1.1})
     with pytest.raises(ValueError, match="do_sample=True needs temperature > 0"):
         generation_of(DecodeConfig(), {"do_sample": True})
-    with pytest.raises(ValueError, match="cannot sample"):
-        generation_of(DecodeConfig(mode="speculative"), {"do_sample": True, "temperature": 0.7})
+    sampled = generation_of(DecodeConfig(mode="speculative"), {"do_sample": True,
+                                                               "temperature": 0.7})
+    assert sampled.config.temperature == 0.7  # lossless speculation samples too
 
 
 def test_cut_at_stops():
