@@ -51,7 +51,7 @@ def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     table = {tuple(line.split()[:3]): line.split() for line in lines[header + 1:header + 13]}
     assert table["arith", "static", "-"][-4:] == ["1.00x", "-", "-", "reference"]
     assert table["arith", "speculative", "lookahead=3"][-3:] == ["dynamic:0.9", "2/2", "yes"]
-    assert table["arith", "direct", "lookahead=1"][-1] == "no"
+    assert table["arith", "direct", "lookahead=4"][-1] == "no"
     assert lines[header + 13].startswith("accuracy: share of 2 held-out problems per task")
     for bar in ("warm-up arith", "arith static", "arith-code speculative:3@0.9"):
         assert bar in err  # progress per task and mode
