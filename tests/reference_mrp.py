@@ -24,8 +24,8 @@ Semantics (MRP_BRIEF §2, §4):
   (highest first, ties to the lower position); the first is kept, and each next reveal that
   was above threshold is kept while its probability under A + C, with the head run on the
   block holding only the reveals kept before it (h_in = h_A), stays above threshold; the
-  first that does not ends the step's reveals (fallback reveals, below threshold, are kept
-  unchecked).
+  first that does not ends the step's reveals (fallback reveals, below threshold, and
+  trusted ones, above `remask.TRUSTED_CONFIDENCE`, are kept unchecked).
 - Blocks, stop handling and trimming are those of `reference.py`.
 
 Deliberately not here: batching, caches, speed.
@@ -40,6 +40,7 @@ import math
 import torch
 
 from mrp_dlm.config import DecodeConfig
+from mrp_dlm.decoding import remask
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from reference import (above_threshold, by_score, choose, dense_block_causal_mask, even_quotas,
@@ -58,6 +59,7 @@ class Trace:
     histogram: list[int] = field(default_factory=list)  # speculative rounds by head drafts accepted
     revoked: int = 0  # remask: proposals sent back to mask
     confirmed: int = 0  # remask: reveals the head's check kept
+    trusted: int = 0  # remask: reveals kept unchecked for their confidence
     margin: float = math.inf  # the smallest decision margin seen (see `reference.Margins`)
 
     def add_margin(self, value: float) -> None:
@@ -209,7 +211,11 @@ def chain_keep(model: Backbone, head: MRPHead, sequence: list[int], start: int, 
                          default=math.inf))
     kept, checked = order[:1], False
     for j in order[1:]:
-        if confidence[j] > config.threshold:
+        trusted = remask.TRUSTED_CONFIDENCE  # read at call time: a test may lower it
+        trace.add_margin(abs(confidence[j] - trusted))
+        if confidence[j] > trusted:
+            trace.trusted += 1
+        elif confidence[j] > config.threshold:
             state = [proposals[i].token if i in kept else t for i, t in enumerate(block)]
             corrected_hidden = hidden + head_residual(model, head, state, hidden, start)
             corrected = exact_logits(model, corrected_hidden[None])[0]  # A + C

@@ -27,6 +27,7 @@ import torch
 
 from conftest import random_backbone, random_head, run_cli, tiny_config
 from mrp_dlm.config import DecodeConfig, HeadConfig
+from mrp_dlm.decoding import remask
 from mrp_dlm.decoding.driver import DecodeResult, generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.model.backbone import Backbone
@@ -451,6 +452,19 @@ def test_remask_matches_reference(threshold, steps, sampling):
     # Not vacuous: the head's checks kept some reveals and sent others back.
     assert sum(t.revoked for t in traces) > 0
     assert sum(t.confirmed for t in traces) > 0
+
+
+@pytest.mark.parametrize("trusted", [0.3, 0.45])
+def test_remask_keeps_trusted_reveals_unchecked(trusted, monkeypatch):
+    # Tiny random models are never 90% sure: lower the trust level into their range so
+    # the reference sees trusted, confirmed and revoked reveals alike.
+    monkeypatch.setattr(remask, "TRUSTED_CONFIDENCE", trusted)
+    model = backbone(7, 4)
+    config = DecodeConfig(mode="remask", threshold=0.2, max_new_tokens=13, stop_token_ids=())
+    traces = [trace for _, trace in check_reference(model, random_head(model, 7), config,
+                                                     lengths=(8, 6, 3))]
+    assert sum(t.trusted for t in traces) > 0
+    assert sum(t.revoked for t in traces) > 0 and sum(t.confirmed for t in traces) > 0
 
 
 # --- stats ----------------------------------------------------------------------------------
