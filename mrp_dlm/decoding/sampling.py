@@ -20,7 +20,8 @@ Shapes: B batch, L block positions, V vocab.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -50,20 +51,21 @@ class SamplingConfig:
 GREEDY = SamplingConfig()  # argmax, confidence under the temperature-1 distribution
 
 
+def map_rows(sampling: SamplingConfig,
+             fn: Callable[[torch.Tensor], torch.Tensor]) -> SamplingConfig:
+    """sampling with `fn` applied to each per-row (B,) tensor field; numbers stay as they are."""
+    return SamplingConfig(*(fn(value) if isinstance(value, torch.Tensor) else value
+                            for value in (getattr(sampling, f.name) for f in fields(sampling))))
+
+
 def repeat_rows(sampling: SamplingConfig, copies: int) -> SamplingConfig:
     """sampling for a batch whose every row is repeated `copies` times in place (B*copies)."""
-    def repeat(value: Value) -> Value:
-        return value.repeat_interleave(copies) if isinstance(value, torch.Tensor) else value
-    return SamplingConfig(*(repeat(v) for v in (sampling.temperature, sampling.top_k,
-                                                  sampling.top_p, sampling.seed)))
+    return map_rows(sampling, lambda value: value.repeat_interleave(copies))
 
 
 def select_rows(sampling: SamplingConfig, index: list[int] | slice) -> SamplingConfig:
     """sampling for the rows `index` of its batch."""
-    def select(value: Value) -> Value:
-        return value[index] if isinstance(value, torch.Tensor) else value
-    return SamplingConfig(*(select(v) for v in (sampling.temperature, sampling.top_k,
-                                                  sampling.top_p, sampling.seed)))
+    return map_rows(sampling, lambda value: value[index])
 
 
 def rows_of(value: Value, like: torch.Tensor) -> torch.Tensor | float:

@@ -29,8 +29,8 @@ block state S_0 (the seed):
   the next round, so its first draft is the backbone's free bonus step (no extra forward).
 
 Every committed state is the backbone's own step (with the rule's own draws) on the state
-before it, so the output equals the rule's decode token for token (up to float rounding: the step is computed on
-verify logits, see README); a bad head only lowers acceptance.
+before it, so the output equals the rule's decode token for token (up to float rounding:
+the step is computed on verify logits, see README); a bad head only lowers acceptance.
 
 Shapes: B batch, L block size, H hidden, V vocab, K lookahead, m <= K + 1 drafts,
 v <= m verified candidates.

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, map_rows
 
 SEED_ATTRIBUTE = "mrp_sampling_seed"  # the fresh seed of a request sent without one
 BATCH_ATTRIBUTE = "mrp_sampling"  # the ForwardBatch's rows' SamplingConfig (host tensors)
@@ -69,7 +69,4 @@ def batch_sampling(forward_batch: Any, device: torch.device) -> SamplingConfig:
     if sampling is None:
         raise RuntimeError("the mrp-dlm plugin's sampling hook did not run on this batch; "
                            "is the plugin loaded in the scheduler process (SGLANG_PLUGINS)?")
-    if sampling.greedy:
-        return sampling
-    return SamplingConfig(*(value.to(device) for value in (
-        sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)))
+    return map_rows(sampling, lambda value: value.to(device))
