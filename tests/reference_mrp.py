@@ -4,12 +4,15 @@ The specification in code, next to `reference.py` (whose helpers it reuses: the 
 block-causal mask built with Python loops, token choice, quotas, tie-broken sorting).
 One prompt at a time; every backbone call recomputes the whole sequence (prompt, finished
 blocks, current block) with no KV cache. The MRP head is the unit under reuse, not
-re-implemented: it is called on one block as `head(backbone, tokens, hidden_in, positions)`
-and the chained accumulator is summed here explicitly.
+re-implemented: every head call also recomputes the whole sequence, the earlier blocks'
+clean tokens with the backbone's hidden states of them as h_in, then the current block with
+its h_in, under the dense block-causal mask (the head attends to its own keys of every
+earlier block, as the published head does); the chained accumulator is summed here
+explicitly.
 
 Semantics (MRP_BRIEF §2, §4):
 - direct: per backbone forward, commit the n_s most confident masked positions of A, then
-  K head steps; step k commits the single most confident remaining masked position of
+  up to K head steps (none once the block has no mask left); step k commits the single most confident remaining masked position of
   A + sum C (the head sees the block after every commit so far; h_in is h_A + sum h_C).
   Each pick samples with the draw key of the block state it proposes on.
 - speculative (naive): the rule is the threshold step with quota 1 (every masked position
@@ -42,7 +45,7 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding import remask
 from mrp_dlm.model.backbone import Backbone
-from mrp_dlm.model.head import MRPHead
+from mrp_dlm.model.head import HeadAttention, MRPHead, PrefixKeys
 from reference import (above_threshold, by_score, choose, dense_block_causal_mask, even_quotas,
                        exact_logits, rank_gap, revealed, run_blocks)
 
@@ -78,12 +81,20 @@ def block_state(model: Backbone, sequence: list[int], start: int,
 
 
 @torch.no_grad()
-def head_residual(model: Backbone, head: MRPHead, block: list[int], hidden_in: torch.Tensor,
-                  start: int) -> torch.Tensor:
-    """The head's residual hidden h_C (L, H) for one block's tokens and h_in (L, H)."""
+def head_residual(model: Backbone, head: MRPHead, sequence: list[int], block: list[int],
+                  hidden_in: torch.Tensor, start: int) -> torch.Tensor:
+    """The head's residual hidden h_C (L, H) for one block's tokens and h_in (L, H) at
+    `start`, after the clean tokens sequence[:start] with the backbone's hidden states."""
     L = len(block)
-    positions = torch.arange(start, start + L)[None]  # (1, L)
-    return head(model, torch.tensor([block]), hidden_in[None], positions)[0]
+    T = start + L
+    prefix = torch.tensor([sequence[:start]], dtype=torch.long)  # (1, start)
+    prefix_hidden = model(prefix, torch.arange(start)[None],
+                          dense_block_causal_mask(start, L))  # (1, start, H)
+    mask = dense_block_causal_mask(T, L)  # (1, T, T)
+    residual = head(model, torch.cat((prefix, torch.tensor([block])), dim=1),
+                    torch.cat((prefix_hidden, hidden_in[None]), dim=1), torch.arange(T)[None],
+                    HeadAttention(PrefixKeys(head.config.num_layers), mask))  # (1, T, H)
+    return residual[0, start:]
 
 
 def probability(logits: torch.Tensor, token: int, mask_token_id: int,
@@ -123,7 +134,10 @@ def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
         for k in range(K + 1):
             if k > 0:
                 block = sequence[start:start + block_size]
-                accumulator = accumulator + head_residual(model, head, block, accumulator, start)
+                if mask_token_id not in block:
+                    break
+                accumulator = accumulator + head_residual(model, head, sequence, block,
+                                                          accumulator, start)
                 trace.head_calls += 1
                 logits = exact_logits(model, accumulator[None])[0]  # A + sum C
             masked = [j for j in range(block_size) if sequence[start + j] == mask_token_id]
@@ -158,7 +172,8 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
             drafts.append(state)
             if mask_token_id not in state or index == K:
                 break
-            accumulator = accumulator + head_residual(model, head, state, accumulator, start)
+            accumulator = accumulator + head_residual(model, head, sequence, state,
+                                                      accumulator, start)
             trace.head_calls += 1
             logits = exact_logits(model, accumulator[None])[0]
         # Verify: the full backbone on each candidate state separately.
@@ -217,7 +232,8 @@ def chain_keep(model: Backbone, head: MRPHead, sequence: list[int], start: int, 
             trace.trusted += 1
         elif confidence[j] > config.threshold:
             state = [proposals[i].token if i in kept else t for i, t in enumerate(block)]
-            corrected_hidden = hidden + head_residual(model, head, state, hidden, start)
+            corrected_hidden = hidden + head_residual(model, head, sequence, state, hidden,
+                                                      start)
             corrected = exact_logits(model, corrected_hidden[None])[0]  # A + C
             rescored = probability(corrected[j], proposals[j].token, model.config.mask_token_id,
                                    config)

@@ -1,8 +1,9 @@
 """Direct MRP decoding (lossy, tunable): per backbone forward, commit per the static rule,
 then K head steps, each committing one more token from A + sum C, unverified.
 
-Up to n_s + K tokens per backbone forward. With a head that predicts no change this is
-static decoding committing n_s + K tokens per step. `direct_step` is the one copy of the
+Up to n_s + K tokens per backbone forward; head steps stop once no row has a masked
+position left (as the official loop's). With a head that predicts no change this is static
+decoding committing n_s + K tokens per step. `direct_step` is the one copy of the
 step: the library's `DirectDecoder` and the SGLang plugin's `MrpDirect` both call it.
 
 Shapes: B batch, L block size, H hidden, V vocab, K lookahead.
@@ -14,6 +15,7 @@ import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
+from mrp_dlm.decoding.head_cache import HeadSteps
 from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, draw_index, propose
 from mrp_dlm.decoding.selection import select_static
 from mrp_dlm.decoding.step import Advance, Step
@@ -21,10 +23,11 @@ from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
 
-def direct_step(head: MRPHead, backbone: HeadBackbone, step: Step, lookahead: int,
+def direct_step(head: HeadSteps, backbone: HeadBackbone, step: Step, lookahead: int,
                 sampling: SamplingConfig = GREEDY) -> torch.Tensor:
     """The block (B, L) after the static rule's `step.quota` picks on the backbone logits
-    and `lookahead` head steps, each picking one more token from A + sum C.
+    and up to `lookahead` head steps, each picking one more token from A + sum C; none once
+    no row has a masked position left (one host check per head step).
 
     Each pick samples with the draw key of the block it proposes on (`draw_index`).
     """
@@ -40,7 +43,9 @@ def direct_step(head: MRPHead, backbone: HeadBackbone, step: Step, lookahead: in
     eligible, accumulator = rows.eligible, step.base.hidden  # h_A, then h_A + sum h_C
     for k in range(1, lookahead + 1):
         eligible = eligible & ~commit
-        accumulator = head.advance(backbone, block, accumulator, rows.positions)  # (B, L, H)
+        if not bool(eligible.any()):
+            break
+        accumulator = head.advance(block, accumulator)  # (B, L, H)
         block, commit = pick(backbone.logits(accumulator), eligible, 1, block)
     return block
 
@@ -53,6 +58,5 @@ class DirectDecoder:
         self.sampling = sampling_of(config)
 
     def step(self, context: BlockContext, step: Step) -> Advance:
-        context.counters.add_head_steps(self.config.lookahead)
-        return Advance(direct_step(self.head, context.model, step, self.config.lookahead,
+        return Advance(direct_step(context.head, context.model, step, self.config.lookahead,
                                    self.sampling))

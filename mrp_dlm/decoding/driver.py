@@ -14,6 +14,10 @@ block sees the prefix and itself, exactly as a store forward; the next block see
 prefix, the finished block and itself, exactly as a denoise forward). A block after the
 first thus costs its denoise/verify steps only, and the last block is never stored.
 
+The MRP modes' head keeps a cache of its own over the same slots (`head_cache.py`): the
+driver hands it the prefill's and each store's hidden states, and the head writes its keys
+for them in its next step.
+
 Layout: rows are left-padded by whole blocks so that every row's current block occupies
 the same cache slots; a row's positions count from its own first token, so each row gets
 exactly the tokens it would get alone. A prompt's trailing partial block becomes the
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mrp_dlm.config import BlockSchedule, DecodeConfig
+from mrp_dlm.decoding.head_cache import HeadCache
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Decoder, Step
 from mrp_dlm.model.backbone import Backbone
@@ -98,9 +103,6 @@ class Counters:
         self.stats.verify_forwards += 1
         self.row_forwards += active.sum()
 
-    def add_head_steps(self, count: int) -> None:
-        self.stats.head_forwards += count
-
     def add_commits(self, commit: torch.Tensor) -> None:
         self.committed += commit.sum()
 
@@ -125,6 +127,7 @@ class BlockContext:
     key_valid: torch.Tensor  # (B, S) False on padding slots
     active: torch.Tensor  # (B,) bool, rows still generating
     counters: Counters
+    head: HeadCache | None = None  # the MRP modes' head and its cache of earlier blocks
     pending: BackboneStep | None = None  # the block's first step, computed with the last store
     masks: dict[int, torch.Tensor] = field(default_factory=dict)  # by copies; 0: store + next
 
@@ -188,7 +191,10 @@ class BlockContext:
         self.counters.add_denoise(self.active, store=True)
         positions = torch.cat((self.positions - L, self.positions), dim=1)  # (B, 2L)
         both = torch.cat((finished, block), dim=1)  # (B, 2L)
-        hidden = self.model(both, positions, self.mask(0), self.cache, self.slot(-L))[:, L:]  # (B, L, H)
+        hidden = self.model(both, positions, self.mask(0), self.cache, self.slot(-L))  # (B, 2L, H)
+        if self.head is not None:
+            self.head.add(hidden[:, :L])  # the finished block's store hidden states
+        hidden = hidden[:, L:]  # (B, L, H)
         self.pending = BackboneStep(hidden, self.model.logits(hidden))
 
 
@@ -279,9 +285,11 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     layout = plan_layout([len(p) for p in prompts], L, config.max_new_tokens)
     tokens, positions, key_valid = build_buffers(prompts, layout, schedule.mask_token_id, device)
     slots = layout.total_slots + (decoder.copies - 1) * L
-    cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads,
-                    -(-slots // SLOT_BUCKET) * SLOT_BUCKET, model.config.head_dim,
-                    model.lm_head.weight.dtype, device)
+    slots = -(-slots // SLOT_BUCKET) * SLOT_BUCKET
+    cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads, slots,
+                    model.config.head_dim, model.lm_head.weight.dtype, device)
+    head = (HeadCache(decoder.head, model, tokens, positions, key_valid, slots)
+            if decoder.head is not None else None)
     counters = Counters.start(decoder.copies, device)
     if layout.prefix_slots:
         P = layout.prefix_slots
@@ -289,7 +297,9 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         # `forward`, not `__call__`: a compiled backbone (`nn.Module.compile`, see
         # benchmarks/compile.py) compiles its block steps, whose shapes repeat; prefill's
         # length differs every call.
-        model.forward(tokens[:, :P], positions[:, :P], mask, cache, 0)
+        hidden = model.forward(tokens[:, :P], positions[:, :P], mask, cache, 0)  # (B, P, H)
+        if head is not None:
+            head.add(hidden)
         counters.add_prefill(len(prompts))
     prompt_ends = (layout.pads + layout.lengths).to(device)  # (B,) first generated slot
     end_slots = prompt_ends + config.max_new_tokens  # (B,)
@@ -300,7 +310,9 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         start = layout.prefix_slots + index * L
         block_positions = positions[:, start:start + L].contiguous()  # (B, L)
         context = BlockContext(model, cache, schedule, start, block_positions, key_valid, active,
-                               counters)
+                               counters, head)
+        if head is not None:
+            head.begin(start, block_positions)
         block = tokens[:, start:start + L].clone()  # (B, L)
         if finished is not None:
             context.store_and_denoise(finished, block)
@@ -310,6 +322,9 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         active = active & ~finished_rows(finished, generated, end_slots, start + L, stop_ids)
         if not bool(active.any()):  # the one host sync per block
             break
+    if head is not None:
+        counters.stats.head_forwards = head.steps
+        counters.stats.head_store_forwards = head.stores
     return finish(tokens, layout, config, schedule, counters, began)
 
 

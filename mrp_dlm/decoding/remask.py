@@ -69,8 +69,7 @@ class RemaskDecoder:
                 row: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Probability (N,) of each checked reveal's token under A + C of its copy (N, L)."""
         model = context.model
-        accumulator = self.head.advance(model, copies, base.hidden[row],
-                                        context.positions[row])  # (N, L, H)
+        accumulator = context.head.advance(copies, base.hidden[row], row)  # (N, L, H)
         at_reveal = accumulator[torch.arange(at.shape[0], device=at.device), at]  # (N, H)
         logits = model.logits(at_reveal)[:, None]  # (N, 1, V)
         return token_confidence(logits, tokens[:, None], context.schedule.mask_token_id,
@@ -88,7 +87,6 @@ class RemaskDecoder:
         row, at = checked.nonzero(as_tuple=True)  # (N,) each: the step's one host sync
         confirmed = torch.ones_like(commit)  # (B, L)
         if row.numel():
-            context.counters.add_head_steps(1)
             copies = chain_copies(block, proposal, commit, rank, row, at)  # (N, L)
             rescored = self.recheck(context, copies, base, row, at, proposal.tokens[row, at])
             confirmed[row, at] = rescored > threshold

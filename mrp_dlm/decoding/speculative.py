@@ -45,6 +45,7 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.drafting import DraftPlanner, Timer
 from mrp_dlm.decoding.driver import BlockContext
+from mrp_dlm.decoding.head_cache import HeadSteps
 from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, repeat_rows
 from mrp_dlm.decoding.selection import threshold_pick
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
@@ -64,7 +65,7 @@ class Drafts:
         return self.states.shape[1] - self.finished
 
 
-def draft(head: MRPHead, backbone: HeadBackbone, seed: BackboneStep, rows: BlockRows,
+def draft(head: HeadSteps, backbone: HeadBackbone, seed: BackboneStep, rows: BlockRows,
           copies: int, threshold: float, sampling: SamplingConfig = GREEDY) -> Drafts:
     """Draft 1: the rule's step on the seed logits; drafts 2..: chained head steps, at most
     `copies` drafts in all, and none once no row has a masked position left.
@@ -84,7 +85,7 @@ def draft(head: MRPHead, backbone: HeadBackbone, seed: BackboneStep, rows: Block
         finished = not bool(eligible.any())
         if finished or index + 1 == copies:
             break
-        accumulator = head.advance(backbone, state, accumulator, rows.positions)  # (B, L, H)
+        accumulator = head.advance(state, accumulator)  # (B, L, H)
         logits = backbone.logits(accumulator)  # (B, L, V): A + sum C
     return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished)
 
@@ -149,11 +150,10 @@ class SpeculativeDecoder:
         probe = self.planner.probe(B)
         timer = Timer(rows.tokens.device, enabled=probe is not None)
         timer.start()
-        drafts = draft(self.head, context.model, step.base, rows, 1 + self.planner.drafts(B),
+        drafts = draft(context.head, context.model, step.base, rows, 1 + self.planner.drafts(B),
                        threshold, self.sampling)
         draft_seconds = timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
-        context.counters.add_head_steps(m - 1)
         if v == 0 or (m == 1 and probe is None):  # no head draft: the rule's own step, as
             return Advance(drafts.states[:, 0])  # the rule runs it (the driver denoises next)
         timer.start()

@@ -14,6 +14,7 @@ class DecodeStats:
     verify_forwards: int = 0  # backbone forwards checking M candidate block states at once
     store_forwards: int = 0  # denoise forwards that also wrote the previous block's keys/values
     head_forwards: int = 0  # MRP head forwards (each with one lm_head projection)
+    head_store_forwards: int = 0  # head forwards that only wrote the head's keys of finished blocks
     tokens: int = 0  # generated tokens returned, summed over rows, after stop trimming
     committed: int = 0  # positions revealed by the decoder, summed over rows
     row_forwards: int = 0  # backbone forwards times the rows still generating in each

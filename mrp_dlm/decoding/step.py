@@ -21,6 +21,7 @@ import torch
 
 if TYPE_CHECKING:
     from mrp_dlm.decoding.driver import BlockContext
+    from mrp_dlm.model.head import MRPHead
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Advance:
 
 class Decoder(Protocol):
     copies: int  # most block copies one backbone forward holds (sizes the scratch slots)
+    head: "MRPHead | None"  # the MRP modes' head: the driver keeps its cache (`HeadCache`)
 
     def step(self, context: "BlockContext", step: Step) -> Advance:
         """Reveal at least one eligible position of every active row that has one."""

@@ -41,6 +41,7 @@ class StrategyDecoder:
     """Step of the four reference strategies."""
 
     copies = 1
+    head = None
 
     def __init__(self, config: DecodeConfig) -> None:
         self.config = config

@@ -51,3 +51,9 @@ class KVCache:
 
     def layer(self, index: int) -> LayerCache:
         return LayerCache(self.keys[index], self.values[index])
+
+    def rows(self, index: torch.Tensor) -> "KVCache":
+        """A copy of the rows `index` (N,) int64, repeats allowed: its writes leave this one alone."""
+        copy = KVCache.__new__(KVCache)
+        copy.keys, copy.values = self.keys[:, index], self.values[:, index]  # (layers, N, nkv, S, hd)
+        return copy

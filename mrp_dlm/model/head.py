@@ -3,23 +3,34 @@
     e   = RMSNorm(embed(block tokens after the latest commit))   the fresh reveals enter here
     h   = RMSNorm(h_in)                                          h_in: backbone hidden or accumulator
     z   = Linear(2H -> H, no bias)(concat(e, h))
-    z   = N decoder layers of the backbone's own class, bidirectional within the block
+    z   = N decoder layers of the backbone's own class, attending like the backbone:
+          bidirectionally within the block and to the head's own keys and values of every
+          earlier block (block-causal)
     h_C = RMSNorm(z)                                             residual_hidden
     C   = lm_head(h_C), and since lm_head has no bias, A + C = lm_head(h_A + h_C)
 
+The head's keys and values of an earlier block come from the head run on that block's
+clean tokens with h_in = the backbone's final hidden states of that block (what the
+backbone's store forward computes); decoding keeps them in a cache of the head's own
+(`decoding/head_cache.py`), training in the tensors of a pass over the clean copy x_0
+(`training/head_batch.py`). This is the published MRP head: a head that sees only its
+block is a different model.
+
 The embedding and lm_head are the backbone's own, frozen and shared: the head receives
-the backbone at call time and never holds (or saves) a copy. Attention covers the current
-block only; context reaches the head through h_A. The final norm's weight starts at zero,
-so an untrained head predicts no change (A + C == A).
+the backbone at call time and never holds (or saves) a copy. The final norm's weight
+starts at zero, so an untrained head predicts no change (A + C == A).
 
-Deliberately not here: training (see `training/`), decoding modes, checkpoint files
-(see `head_loading.py`).
+Deliberately not here: which slots hold which block and who may see them (the caller
+passes the mask and the cache, as to the backbone), training (see `training/`), decoding
+modes, checkpoint files (see `head_loading.py`).
 
-Shapes: B batch (or blocks), L block size, H hidden, V vocab.
+Shapes: B batch (or blocks), T tokens of the call, S key slots, L block size, H hidden,
+V vocab.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
@@ -46,6 +57,56 @@ class HeadBackbone(Protocol):
         """Same-position logits (..., V) float32 of hidden states (..., H): the shared lm_head."""
 
 
+class LayerKeys(Protocol):
+    def write_and_read(self, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor,
+                       width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take this call's keys/values (B, nkv, T, hd); return the keys/values to attend
+        over (B, nkv, S, hd), S the mask's key count (see `cache.LayerCache`)."""
+
+
+class HeadKeys(Protocol):
+    def layer(self, index: int) -> LayerKeys: ...  # the head layer's keys and values
+
+
+@dataclass(frozen=True)
+class HeadAttention:
+    """What a head call attends to beyond its own tokens: the head's keys and values of
+    earlier blocks (a `KVCache` of the head's layers, or `PrefixKeys`), where this call's keys
+    go, and the mask over all of them."""
+
+    keys: HeadKeys  # per head layer
+    mask: torch.Tensor  # (B, T, S) bool, True where query t may attend to key slot s
+    start: int | torch.Tensor = 0  # slot of the call's first token (0-dim tensor allowed)
+
+
+@dataclass
+class PrefixLayer:
+    """One head layer's keys and values of a prefix, held as plain tensors (no in-place
+    writes, so autograd sees every use): the first call records its own keys, every later
+    call attends to them and its own keys (keys laid out [prefix ; call])."""
+
+    keys: torch.Tensor | None = None  # (B, nkv, P, hd)
+    values: torch.Tensor | None = None  # (B, nkv, P, hd)
+
+    def write_and_read(self, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor,
+                       width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys is None:
+            self.keys, self.values = k, v
+            return k, v
+        return torch.cat((self.keys, k), dim=2), torch.cat((self.values, v), dim=2)  # (B, nkv, P + T, hd)
+
+
+class PrefixKeys:
+    """`PrefixLayer`s for every head layer: a training pass over the clean copy x_0 records
+    them, the passes over noisy blocks then attend to them."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.layers = [PrefixLayer() for _ in range(num_layers)]
+
+    def layer(self, index: int) -> PrefixLayer:
+        return self.layers[index]
+
+
 class MRPHead(nn.Module):
     def __init__(self, backbone: BackboneConfig, config: HeadConfig = HeadConfig()) -> None:
         super().__init__()
@@ -69,26 +130,24 @@ class MRPHead(nn.Module):
             self.norm.weight.zero_()
 
     def forward(self, backbone: HeadBackbone, tokens: torch.Tensor, hidden_in: torch.Tensor,
-                positions: torch.Tensor) -> torch.Tensor:
-        """residual_hidden h_C (B, L, H) for block tokens (B, L) and h_in (B, L, H).
+                positions: torch.Tensor, attention: HeadAttention | None = None) -> torch.Tensor:
+        """residual_hidden h_C (B, T, H) for tokens (B, T) and h_in (B, T, H).
 
-        positions: (B, L) absolute positions of the block (RoPE inside the block).
+        positions: (B, T) absolute positions (RoPE). `attention`: the head's keys of earlier
+        blocks, where this call's keys go and the mask; None: the T tokens see each other
+        only, bidirectionally (one block with nothing before it, or a test of the layers).
         """
-        embeds = backbone.model.embed_tokens(tokens)  # (B, L, H)
-        fused = torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden_in)), dim=-1)  # (B, L, 2H)
-        x = self.fuse(fused)  # (B, L, H)
+        embeds = backbone.model.embed_tokens(tokens)  # (B, T, H)
+        fused = torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden_in)), dim=-1)  # (B, T, 2H)
+        x = self.fuse(fused)  # (B, T, H)
         rope = rotary_tables(positions, self.backbone_config.head_dim,
                              self.backbone_config.rope_theta, x.dtype)
-        mask = torch.ones(x.shape[0], x.shape[1], x.shape[1], dtype=torch.bool,
-                          device=x.device)  # (B, L, L) bidirectional within the block
-        for layer in self.layers:
-            x = layer(x, rope, mask)
+        if attention is None:
+            mask = torch.ones(x.shape[0], x.shape[1], x.shape[1], dtype=torch.bool,
+                              device=x.device)  # (B, T, T)
+            for layer in self.layers:
+                x = layer(x, rope, mask)
+        else:
+            for index, layer in enumerate(self.layers):
+                x = layer(x, rope, attention.mask, attention.keys.layer(index), attention.start)
         return self.norm(x)
-
-    def advance(self, backbone: HeadBackbone, tokens: torch.Tensor, accumulator: torch.Tensor,
-                positions: torch.Tensor) -> torch.Tensor:
-        """One chained MRP step: accumulator h_A + sum h_C (B, L, H) -> the next one.
-
-        The corrected logits A + sum C are `backbone.logits(returned accumulator)`.
-        """
-        return accumulator + self(backbone, tokens, accumulator, positions)

@@ -60,3 +60,17 @@ def store_and_next_mask(key_valid: torch.Tensor, start: int, block_size: int,
     block_id = torch.arange(T, device=key_valid.device) // block_size  # (2L,)
     causal = (block_id[None, :] <= block_id[:, None])[None].expand(key_valid.shape[0], -1, -1)  # (B, 2L, 2L)
     return pad_keys(torch.cat((prefix, causal), dim=2), width)  # (B, 2L, start + 2L or width)
+
+
+def stored_blocks_mask(key_valid: torch.Tensor, first: int, start: int, block_size: int,
+                       width: int | None = None) -> torch.Tensor:
+    """Mask (B, start - first, start or width) for the finished blocks at slots [first, start)
+    written in one forward: each sees the valid keys of its own and earlier blocks, as a store
+    forward of each block in turn would.
+
+    key_valid: (B, >= start) bool; first and start are multiples of L; `width` as in
+    `copies_mask`.
+    """
+    blocks = torch.arange(start, device=key_valid.device) // block_size  # (start,)
+    causal = blocks[None, :] <= blocks[first:, None]  # (start - first, start)
+    return pad_keys(causal[None] & key_valid[:, None, :start], width)  # (B, start - first, start or width)

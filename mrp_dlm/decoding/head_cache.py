@@ -1,0 +1,130 @@
+"""The head's own KV cache during a decode, and the head's steps on the current block.
+
+The MRP head attends like the backbone (`model/head.py`): bidirectionally within its block
+and to its own keys and values of every earlier block. Those keys come from the head run
+on an earlier block's clean tokens with h_in = the backbone's final hidden states of that
+block: the prefill's for the prompt's full blocks, the store forward's for each finished
+block. The head's cache mirrors the backbone's slot layout (`driver.py`, `model/cache.py`):
+slots [0, start) hold the keys of the blocks before the current one, and a head step on the
+current block writes its own keys to scratch slots from `start` on.
+
+Stores ride on head steps. When the backbone computes a block's store hidden states, the
+driver hands them over (`add`) and nothing runs; the next head step writes every pending
+block in the same head forward as its own copies (the pending tokens come first, each seeing
+the keys before it block-causally, as a store; the step's copies see the cached prefix and
+themselves, as always). A block whose decode runs a head step thus pays no head forward
+for its store, and a decode that runs none (speculation that drafts nothing) pays nothing.
+A step on a subset of rows (remask's checks) writes the pending blocks in a head forward of
+its own first (`DecodeStats.head_store_forwards`).
+
+Deliberately not here: the head's layers (see `model/head.py`), when a mode runs a head
+step (see the MRP modes).
+
+Shapes: B batch, N rows of a call, L block size, M block copies, P pending slots, S cache
+slots, H hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.cache import KVCache
+from mrp_dlm.model.head import HeadAttention, MRPHead
+from mrp_dlm.model.masks import copies_mask, stored_blocks_mask
+
+
+class HeadSteps(Protocol):
+    """The head on the current block of each row: what the MRP modes' steps call.
+
+    The library's `HeadCache` and the serving plugin's per-request caches implement it."""
+
+    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The next accumulator h_A + sum h_C (N, M*L, H) after a head step on M block states
+        per row, tokens (N, M*L), from accumulator (N, M*L, H). rows: (N,) int64, the batch
+        row of each (None: all B rows in order). A + sum C is `backbone.logits(result)`."""
+
+
+class HeadCache:
+    """One decode's head keys: a `KVCache` of the head's layers over the backbone's slots."""
+
+    def __init__(self, head: MRPHead, model: Backbone, tokens: torch.Tensor,
+                 positions: torch.Tensor, key_valid: torch.Tensor, slots: int) -> None:
+        """tokens, positions, key_valid: the driver's (B, S') buffers (S' <= slots)."""
+        cfg = model.config
+        self.head, self.model = head, model
+        self.tokens, self.all_positions, self.key_valid = tokens, positions, key_valid
+        self.cache = KVCache(head.config.num_layers, tokens.shape[0], cfg.num_kv_heads, slots,
+                             cfg.head_dim, model.lm_head.weight.dtype, tokens.device)
+        self.written = 0  # slots [0, written) hold the head's keys
+        self.pending: list[torch.Tensor] = []  # store hidden (B, T_i, H) of the slots after
+        self.start, self.positions = 0, None  # the current block: first slot, (B, L) positions
+        self.steps = self.stores = self.stored_blocks = 0  # head forwards; store-only ones; blocks
+
+    @property
+    def width(self) -> int:
+        return self.cache.keys.shape[3]
+
+    def add(self, hidden: torch.Tensor) -> None:
+        """The backbone's store hidden states (B, T, H) of the T slots after the pending ones
+        (the prefill's prompt blocks, or a finished block)."""
+        self.pending.append(hidden)
+
+    def begin(self, start: int, positions: torch.Tensor) -> None:
+        """The current block moves to slots [start, start + L) with positions (B, L)."""
+        self.start, self.positions = start, positions
+
+    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        self.steps += 1
+        if rows is not None:
+            if self.pending:
+                self.store_pending()
+            return accumulator + self.on_rows(tokens, accumulator, rows)
+        return accumulator + self.with_pending(tokens, accumulator)
+
+    def with_pending(self, tokens: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
+        """h_C (B, M*L, H) of M block copies (B, M*L), the pending stores in the same forward."""
+        L = self.positions.shape[1]
+        copies = tokens.shape[1] // L
+        first, held = self.written, self.flush()
+        stored = self.tokens[:, first:self.start]  # (B, P)
+        mask = torch.cat((stored_blocks_mask(self.key_valid, first, self.start, L, self.width),
+                          copies_mask(self.key_valid, self.start, L, copies, self.width)),
+                         dim=1)  # (B, P + M*L, S)
+        residual = self.head(self.model, torch.cat((stored, tokens), dim=1),
+                             torch.cat((*held, hidden_in), dim=1),
+                             torch.cat((self.all_positions[:, first:self.start],
+                                        self.positions.repeat(1, copies)), dim=1),
+                             HeadAttention(self.cache, mask, first))  # (B, P + M*L, H)
+        return residual[:, stored.shape[1]:]
+
+    def store_pending(self) -> None:
+        """The pending stores in a head forward of their own."""
+        L, first, held = self.positions.shape[1], self.written, self.flush()
+        mask = stored_blocks_mask(self.key_valid, first, self.start, L, self.width)  # (B, P, S)
+        self.head(self.model, self.tokens[:, first:self.start], torch.cat(held, dim=1),
+                  self.all_positions[:, first:self.start], HeadAttention(self.cache, mask, first))
+        self.stores += 1
+
+    def flush(self) -> list[torch.Tensor]:
+        """The pending hidden states, now counted as written up to the current block."""
+        held, self.pending = self.pending, []
+        total = sum(h.shape[1] for h in held)
+        if self.written + total != self.start:
+            raise RuntimeError(f"head cache: {total} pending slots after slot {self.written} "
+                               f"do not reach the block at slot {self.start}")
+        self.stored_blocks += total // self.positions.shape[1]
+        self.written = self.start
+        return held
+
+    def on_rows(self, tokens: torch.Tensor, hidden_in: torch.Tensor,
+                rows: torch.Tensor) -> torch.Tensor:
+        """h_C (N, L, H) of one block state per entry of rows (N,), tokens (N, L)."""
+        L = self.positions.shape[1]
+        mask = copies_mask(self.key_valid[rows], self.start, L, 1, self.width)  # (N, L, S)
+        return self.head(self.model, tokens, hidden_in, self.positions[rows],
+                         HeadAttention(self.cache.rows(rows), mask, self.start))
