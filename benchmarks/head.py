@@ -37,7 +37,7 @@ from mrp_dlm.config import (BACKBONE_PRESETS, BackboneConfig, HeadConfig,  # noq
                             HeadTrainConfig)
 from mrp_dlm.model.backbone import Backbone  # noqa: E402
 from mrp_dlm.model.cache import KVCache  # noqa: E402
-from mrp_dlm.model.head import MRPHead  # noqa: E402
+from mrp_dlm.model.head import HeadAttention, MRPHead  # noqa: E402
 from mrp_dlm.model.loading import load_backbone  # noqa: E402
 from mrp_dlm.model.masks import block_causal_mask, copies_mask  # noqa: E402
 from mrp_dlm.training import head_loop, loop  # noqa: E402
@@ -112,9 +112,15 @@ def step_costs(model: Backbone, head: MRPHead, batch: int, prefix: int, repeats:
     block[:, ::3] = prompt[:, :1]  # some revealed tokens
     mask = copies_mask(valid, P, L, 1)  # (B, L, P + L)
     hidden = model(block, positions[:, P:], mask, cache, P)  # (B, L, H)
+    keys = KVCache(head.config.num_layers, batch, c.num_kv_heads, P + L, c.head_dim,
+                   torch.float32, device)  # the head's keys of the prefix (random)
+    keys.keys.normal_()
+    keys.values.normal_()
+    attention = HeadAttention(keys, mask, P)
     denoise, step = paired_medians(device, [
         lambda: model.logits(model(block, positions[:, P:], mask, cache, P)),
-        lambda: model.logits(head.advance(model, block, hidden, positions[:, P:]))], repeats)
+        lambda: model.logits(hidden + head(model, block, hidden, positions[:, P:], attention))],
+        repeats)
     return dict(batch=batch, prefix=P, denoise_ms=round(1e3 * denoise, 3),
                 head_step_ms=round(1e3 * step, 3), head_fraction=round(step / denoise, 3))
 

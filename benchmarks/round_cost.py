@@ -7,7 +7,7 @@ decoding makes, through the library's own code paths (`decoding/driver.py` Block
   prefix of `--prefix` tokens, with its logits;
 - verify M: `BlockContext.verify` on M = 2..6 copies of the block side by side, each seeing
   the cached prefix and itself only (`model/masks.py` copies_mask), with their logits;
-- head step: `MRPHead.advance` + `backbone.logits`, what each head draft costs (heads of 1
+- head step: `MRPHead` over its keys of the prefix + `backbone.logits`, what each head draft costs (heads of 1
   and 3 layers on the SDAR shapes; the shipped 3-layer head on the embedded model).
 Sizes: `embedded` (mrp_dlm/assets/embedded and its head, block 16) and randomly initialised
 backbones of the `BACKBONE_PRESETS` shapes sdar-1.7b, sdar-4b and sdar-8b (block 4, SDAR's
@@ -74,7 +74,7 @@ from mrp_dlm.decoding.driver import SLOT_BUCKET, BlockContext, Counters  # noqa:
 from mrp_dlm.eval.provenance import git_commit, hardware, peak_memory  # noqa: E402
 from mrp_dlm.model.backbone import Backbone, rotary_tables  # noqa: E402
 from mrp_dlm.model.cache import KVCache  # noqa: E402
-from mrp_dlm.model.head import MRPHead  # noqa: E402
+from mrp_dlm.model.head import HeadAttention, MRPHead  # noqa: E402
 from mrp_dlm.model.head_loading import load_head  # noqa: E402
 from mrp_dlm.model.loading import load_backbone, read_config  # noqa: E402
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir  # noqa: E402
@@ -246,6 +246,16 @@ def block_context(built: Built, batch: int, prefix: int, device: str) -> BlockCo
                         Counters.start(max(COPIES), device))
 
 
+def head_keys(context: BlockContext, layers: int) -> HeadAttention:
+    """A head step's attention over random head keys of the prefix (as the backbone's)."""
+    c, cache = context.model.config, context.cache
+    keys = KVCache(layers, cache.keys.shape[1], c.num_kv_heads, context.width, c.head_dim,
+                   DTYPE, cache.keys.device)
+    keys.keys.normal_()
+    keys.values.normal_()
+    return HeadAttention(keys, context.mask(1), context.slot())
+
+
 def half_revealed(config: BackboneConfig, batch: int, block_size: int, device: str) -> torch.Tensor:
     """(B, L) a block mid-decode: random tokens at even positions, masks at odd ones."""
     generator = torch.Generator().manual_seed(batch)
@@ -283,8 +293,9 @@ def timed_calls(built: Built, context: BlockContext, block: torch.Tensor) -> dic
     accumulator = context.denoise(block).hidden  # (B, L, H) h_A, what the first head step gets
     calls = {("forward", M): forward_call(context, block, M) for M in (1, *COPIES)}
     for layers, head in built.heads.items():
-        calls[("head", layers)] = lambda head=head: model.logits(
-            head.advance(model, block, accumulator, positions))  # (B, L, V)
+        keys = head_keys(context, layers)
+        calls[("head", layers)] = lambda head=head, keys=keys: model.logits(
+            accumulator + head(model, block, accumulator, positions, keys))  # (B, L, V)
     if not built.whole:
         calls |= {("layer", M): layer_call(context, M) for M in (1, *COPIES)}
     return calls

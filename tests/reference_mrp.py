@@ -45,7 +45,7 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding import remask
 from mrp_dlm.model.backbone import Backbone
-from mrp_dlm.model.head import HeadAttention, MRPHead, PrefixKeys
+from mrp_dlm.model.head import HeadAttention, KeyRecorder, MRPHead
 from reference import (above_threshold, by_score, choose, dense_block_causal_mask, even_quotas,
                        exact_logits, rank_gap, revealed, run_blocks)
 
@@ -93,7 +93,7 @@ def head_residual(model: Backbone, head: MRPHead, sequence: list[int], block: li
     mask = dense_block_causal_mask(T, L)  # (1, T, T)
     residual = head(model, torch.cat((prefix, torch.tensor([block])), dim=1),
                     torch.cat((prefix_hidden, hidden_in[None]), dim=1), torch.arange(T)[None],
-                    HeadAttention(PrefixKeys(head.config.num_layers), mask))  # (1, T, H)
+                    HeadAttention(KeyRecorder(head.config.num_layers), mask))  # (1, T, H)
     return residual[0, start:]
 
 

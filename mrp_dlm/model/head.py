@@ -71,7 +71,7 @@ class HeadKeys(Protocol):
 @dataclass(frozen=True)
 class HeadAttention:
     """What a head call attends to beyond its own tokens: the head's keys and values of
-    earlier blocks (a `KVCache` of the head's layers, or `PrefixKeys`), where this call's keys
+    earlier blocks (a `KVCache` of the head's layers, a `KeyRecorder` or `PrefixKeys`), where this call's keys
     go, and the mask over all of them."""
 
     keys: HeadKeys  # per head layer
@@ -80,28 +80,51 @@ class HeadAttention:
 
 
 @dataclass
-class PrefixLayer:
-    """One head layer's keys and values of a prefix, held as plain tensors (no in-place
-    writes, so autograd sees every use): the first call records its own keys, every later
-    call attends to them and its own keys (keys laid out [prefix ; call])."""
+class RecordedLayer:
+    """One head layer's keys and values of a pass, kept as plain tensors (no cache writes)."""
 
     keys: torch.Tensor | None = None  # (B, nkv, P, hd)
     values: torch.Tensor | None = None  # (B, nkv, P, hd)
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor,
                        width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys is None:
-            self.keys, self.values = k, v
-            return k, v
+        # A recomputation (activation checkpointing) records the same values again.
+        self.keys, self.values = k, v
+        return k, v
+
+
+@dataclass(frozen=True)
+class PrefixLayer:
+    """One head layer's recorded prefix keys: a call attends to them and its own keys (laid
+    out [prefix ; call]) and writes nothing, so autograd sees every use."""
+
+    keys: torch.Tensor  # (B, nkv, P, hd)
+    values: torch.Tensor  # (B, nkv, P, hd)
+
+    def write_and_read(self, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor,
+                       width: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.cat((self.keys, k), dim=2), torch.cat((self.values, v), dim=2)  # (B, nkv, P + T, hd)
 
 
-class PrefixKeys:
-    """`PrefixLayer`s for every head layer: a training pass over the clean copy x_0 records
-    them, the passes over noisy blocks then attend to them."""
+class KeyRecorder:
+    """Records every head layer's keys of one pass (training's pass over the clean copy x_0,
+    or a test's whole sequence); `prefix()` then gives them to later passes to attend to."""
 
     def __init__(self, num_layers: int) -> None:
-        self.layers = [PrefixLayer() for _ in range(num_layers)]
+        self.layers = [RecordedLayer() for _ in range(num_layers)]
+
+    def layer(self, index: int) -> RecordedLayer:
+        return self.layers[index]
+
+    def prefix(self) -> "PrefixKeys":
+        return PrefixKeys([PrefixLayer(layer.keys, layer.values) for layer in self.layers])
+
+
+@dataclass(frozen=True)
+class PrefixKeys:
+    """Recorded prefix keys per head layer, read-only (see `KeyRecorder`)."""
+
+    layers: list[PrefixLayer]
 
     def layer(self, index: int) -> PrefixLayer:
         return self.layers[index]

@@ -24,6 +24,15 @@ from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.loading import SINGLE_FILE, CheckpointError, copy_shard, read_json, write_atomic
 
 HEAD_KIND = "mrp-head"
+# What the head attends to, saved with it. Heads saved before the key existed attended to
+# their own block only: their weights fit the context-attending head (same parameters) but
+# were trained for another model, so they load only to be fine-tuned (`--init-from`).
+HEAD_ATTENTION = "context"
+BLOCK_ONLY_MESSAGE = (
+    "the head in {directory} attends to its own block only (saved by mrp-dlm before heads "
+    "attended to the context); heads now attend, as the published MRP head does, to their "
+    "own keys of every earlier block, so its weights would run as another model. Retrain it "
+    "(`mrp train head`), or fine-tune it with `mrp train head --init-from {directory}`")
 
 
 @dataclass(frozen=True)
@@ -64,18 +73,22 @@ def save_head(head: MRPHead, backbone: Backbone, directory: str | Path,
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in head.named_parameters()}
     write_atomic(directory / SINGLE_FILE,
                  lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    meta = {"kind": HEAD_KIND, "head": asdict(head.config),
+    meta = {"kind": HEAD_KIND, "attention": HEAD_ATTENTION, "head": asdict(head.config),
             "fingerprint": asdict(fingerprint_of(backbone, block_size))}
     write_atomic(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
 
 
-def read_head_meta(directory: Path) -> tuple[HeadConfig, Fingerprint]:
+def read_head_meta(directory: Path, block_only: bool = False) -> tuple[HeadConfig, Fingerprint]:
+    """The head's shape and fingerprint; `block_only`: accept a head saved before heads
+    attended to the context (to fine-tune it)."""
     if not directory.is_dir():
         raise CheckpointError(f"head directory not found: {directory}")
     meta = read_json(directory / "config.json")
     if meta.get("kind") != HEAD_KIND:
         raise CheckpointError(f"{directory / 'config.json'} is not an MRP head config "
                               f"(kind {meta.get('kind')!r})")
+    if meta.get("attention") != HEAD_ATTENTION and not block_only:
+        raise CheckpointError(BLOCK_ONLY_MESSAGE.format(directory=directory))
     try:
         return HeadConfig(**meta["head"]), Fingerprint(**meta["fingerprint"])
     except (KeyError, TypeError, ValueError) as error:
@@ -100,10 +113,12 @@ def mismatch_message(directory: Path, differences: list[str], dtype: torch.dtype
             + "; ".join(differences))
 
 
-def load_head(directory: str | Path, backbone: Backbone, block_size: int | None = None) -> MRPHead:
-    """Load a head for `backbone` (same dtype and device), checking the fingerprint."""
+def load_head(directory: str | Path, backbone: Backbone, block_size: int | None = None,
+              block_only: bool = False) -> MRPHead:
+    """Load a head for `backbone` (same dtype and device), checking the fingerprint;
+    `block_only`: also a head saved before heads attended to the context (to fine-tune)."""
     directory = Path(directory)
-    config, saved = read_head_meta(directory)
+    config, saved = read_head_meta(directory, block_only)
     differences = saved.differences(fingerprint_of(backbone, block_size))
     if differences:
         raise CheckpointError(mismatch_message(directory, differences,

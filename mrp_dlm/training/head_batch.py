@@ -10,8 +10,15 @@ it gives the dual forward's hidden states (up to float rounding) at (T + Tn) + K
 tokens instead of (K + 1) * (T + Tn).
 
 Noisy slots are those of `masks.select_noisy_slots` (whole blocks that hold a mask), so
-every L consecutive noisy slots are one sample block; the head works on them as N blocks
-of L, padding blocks dropped.
+every L consecutive noisy slots are one sample block; the objective works on them as N
+blocks of L, padding blocks dropped.
+
+The head attends like the backbone, to its own keys of the clean blocks before its block
+(`model/head.py`): `head_prefix` runs the head once per batch on x_0 with h_in = the
+backbone's hidden states of x_0 (what decoding's store forwards give it), and every head
+pass on the noisy blocks (`run_head`) attends to those keys and its own block under the
+same noisy rows of the three-part mask as the backbone's passes. The prefix pass is part of
+the graph: the loss trains the head's keys of the context too.
 
 Deliberately not here: which positions are revealed and the loss (see `head_loss.py`).
 
@@ -24,9 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.cache import KVCache
+from mrp_dlm.model.head import HeadAttention, KeyRecorder, PrefixKeys
 from mrp_dlm.training.data import PackedBatch
 from mrp_dlm.training.masks import build_dual_inputs, select_noisy_slots
 from mrp_dlm.training.noise import NoisyBatch
@@ -49,10 +58,20 @@ class BlockLayout:
         return self.blocks(rows.gather(1, self.index))
 
     def scatter(self, blocks: torch.Tensor, fill: int) -> torch.Tensor:
-        """(N, L) blocks -> (B, Tn) noisy slots; padding slots get `fill`."""
-        full = blocks.new_full((self.keep.numel(), self.block_size), fill)  # (B*Tn/L, L)
-        full[self.keep] = blocks
-        return full.view(self.index.shape)
+        """(N, L, *) blocks -> (B, Tn, *) noisy slots; padding slots get `fill`."""
+        full = blocks.new_full((self.keep.numel(), *blocks.shape[1:]), fill)  # (B*Tn/L, L, *)
+        full = full.index_put((self.keep.nonzero()[:, 0],), blocks)  # out of place: autograd
+        return full.view(*self.index.shape, *blocks.shape[2:])
+
+
+@dataclass(frozen=True)
+class CleanRows:
+    """x_0 and the backbone's final hidden states of it: the head's prefix pass input."""
+
+    input_ids: torch.Tensor  # (B, T) int64
+    positions: torch.Tensor  # (B, T) int64, positions within the sample
+    hidden: torch.Tensor  # (B, T, H) backbone final hidden on x_0 (backbone dtype)
+    mask: torch.Tensor  # (B, T, T) bool, block-causal within each sample
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,7 @@ class CleanContext:
     positions: torch.Tensor  # (B, Tn) int64, positions of the noisy slots
     layout: BlockLayout  # noisy slots <-> blocks
     mask_token_id: int  # fills padding slots
+    clean: CleanRows  # x_0 for the head's prefix pass
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,27 @@ def run_blocks(backbone: Backbone, context: CleanContext, tokens: torch.Tensor) 
     return context.layout.blocks(hidden)
 
 
+def head_prefix(head: nn.Module, backbone: Backbone, context: CleanContext) -> PrefixKeys:
+    """The head's keys and values of x_0 (with gradients): the head on the clean rows with
+    h_in = the backbone's hidden states of them. `head` is an MRPHead or its DDP wrapper."""
+    clean = context.clean
+    recorder = KeyRecorder(len(getattr(head, "module", head).layers))
+    head(backbone, clean.input_ids, clean.hidden, clean.positions,
+         HeadAttention(recorder, clean.mask))
+    return recorder.prefix()
+
+
+def run_head(head: nn.Module, backbone: Backbone, context: CleanContext, prefix: PrefixKeys,
+             tokens: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
+    """h_C (N, L, H) of the head on the blocks `tokens` (N, L) with h_in (N, L, H),
+    attending to its keys of x_0 (`prefix`) before each block and to the block itself."""
+    ids = context.layout.scatter(tokens, context.mask_token_id)  # (B, Tn)
+    hidden = context.layout.scatter(hidden_in, 0)  # (B, Tn, H)
+    residual = head(backbone, ids, hidden, context.positions,
+                    HeadAttention(prefix, context.mask))  # (B, Tn, H)
+    return context.layout.blocks(residual)
+
+
 @torch.no_grad()
 def encode_batch(backbone: Backbone, batch: PackedBatch,
                  noisy: NoisyBatch) -> tuple[NoisyBlocks, CleanContext]:
@@ -99,10 +140,13 @@ def encode_batch(backbone: Backbone, batch: PackedBatch,
     param = backbone.lm_head.weight
     cache = KVCache(config.num_layers, B, config.num_kv_heads, T + Tn, config.head_dim,
                     param.dtype, param.device)
-    backbone(batch.input_ids, batch.positions, dual.mask[:, Tn:, Tn:], cache, 0)  # writes x_0
+    clean_mask = dual.mask[:, Tn:, Tn:]  # (B, T, T)
+    clean_hidden = backbone(batch.input_ids, batch.positions, clean_mask, cache, 0)  # (B, T, H), writes x_0
     mask = torch.cat((dual.mask[:, :Tn, Tn:], dual.mask[:, :Tn, :Tn]), dim=2)  # (B, Tn, T+Tn)
     layout = BlockLayout(slots.index, slots.valid.view(B, Tn // L, L)[..., 0].reshape(-1), L)
-    context = CleanContext(cache, mask, dual.positions[:, :Tn], layout, config.mask_token_id)
+    clean = CleanRows(batch.input_ids, batch.positions, clean_hidden, clean_mask)
+    context = CleanContext(cache, mask, dual.positions[:, :Tn], layout, config.mask_token_id,
+                           clean)
     tokens = layout.take(noisy.noisy_ids)  # (N, L)
     blocks = NoisyBlocks(tokens=tokens, targets=layout.take(batch.input_ids),
                          masked=layout.take(noisy.masked), rates=layout.take(noisy.mask_rate),

@@ -111,7 +111,7 @@ def build_head(config: HeadTrainConfig, backbone: Backbone) -> MRPHead:
     """A seeded float32 head on the backbone's device (the global RNG is left untouched),
     or the head in `config.init_from` (float32) to fine-tune."""
     if config.init_from is not None:
-        head = resume_head(config, Path(config.init_from), backbone)
+        head = resume_head(config, Path(config.init_from), backbone, block_only=True)
         if head.config.num_layers != config.head_layers:
             raise ValueError(f"{config.init_from} has {head.config.num_layers} layers, not "
                              f"head_layers ({config.head_layers})")
@@ -122,9 +122,11 @@ def build_head(config: HeadTrainConfig, backbone: Backbone) -> MRPHead:
     return head.to(backbone.lm_head.weight.device).train()
 
 
-def resume_head(config: HeadTrainConfig, out: Path, backbone: Backbone) -> MRPHead:
-    """The head saved in `out` in float32 (a bfloat16 backbone would round it on load)."""
-    head = load_head(out, backbone, config.block_size).float()  # checks the fingerprint
+def resume_head(config: HeadTrainConfig, out: Path, backbone: Backbone,
+                block_only: bool = False) -> MRPHead:
+    """The head saved in `out` in float32 (a bfloat16 backbone would round it on load);
+    `block_only`: a head saved before heads attended to the context may start a run."""
+    head = load_head(out, backbone, config.block_size, block_only).float()  # checks the fingerprint
     device = str(backbone.lm_head.weight.device)
     head.load_state_dict(load_file(str(out / SINGLE_FILE), device=device))
     return head.train()

@@ -11,7 +11,9 @@ Per lookahead step k = 1..K, on the noisy blocks of a batch:
                      `--mode dynamic/speculative --threshold τ`;
              random: uniformly random masked positions with their ground-truth tokens;
     teach    B_k = backbone logits on the revealed blocks (no grad);
-    correct  h_k = h_{k-1} + head(revealed blocks, h_{k-1}), h_0 = h_A; A + sum C = lm_head(h_k);
+    correct  h_k = h_{k-1} + head(revealed blocks, h_{k-1}), h_0 = h_A, the head attending to
+             its keys of the clean blocks before each block (`head_batch.head_prefix`, one
+             pass per batch, shared by the K steps); A + sum C = lm_head(h_k);
     loss_k = sum over still-masked positions of KL(softmax(B_k) || softmax(A + sum C)) / p,
              plus commit_weight * the commit loss of step k (`commit_loss`: does the
              threshold step on A + sum C, the head's draft k + 1, equal the one on B_k?),
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mrp_dlm.model.backbone import Backbone
-from mrp_dlm.training.head_batch import CleanContext, NoisyBlocks, run_blocks
+from mrp_dlm.training.head_batch import CleanContext, NoisyBlocks, head_prefix, run_blocks, run_head
 from mrp_dlm.training.losses import without_mask_token
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ def chain_steps(head: nn.Module, backbone: Backbone, blocks: NoisyBlocks, contex
     """The K steps of reveal -> teach -> correct; `head` is an MRPHead (or its DDP wrapper)."""
     mask_token_id = backbone.config.mask_token_id
     tokens, masked, accumulator = blocks.tokens, blocks.masked, blocks.base_hidden
+    prefix = head_prefix(head, backbone, context)
     current = None
     if plan.rule != "random":
         with torch.no_grad():
@@ -156,7 +159,7 @@ def chain_steps(head: nn.Module, backbone: Backbone, blocks: NoisyBlocks, contex
         masked = masked & ~chosen  # (N, L)
         with torch.no_grad():
             next_logits = backbone.logits(run_blocks(backbone, context, tokens)[masked])  # (M, V)
-        residual = head(backbone, tokens, accumulator, blocks.positions)  # (N, L, H) h_C
+        residual = run_head(head, backbone, context, prefix, tokens, accumulator)  # (N, L, H) h_C
         accumulator = accumulator + residual  # (N, L, H)
         yield ChainStep(masked, next_logits, backbone.logits(accumulator[masked]))
         current = next_logits

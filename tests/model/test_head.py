@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from mrp_dlm.config import HeadConfig
-from mrp_dlm.model.head import MRPHead
+from mrp_dlm.model.cache import KVCache
+from mrp_dlm.model.head import HeadAttention, KeyRecorder, MRPHead
+from mrp_dlm.model.masks import block_causal_mask, copies_mask
 from mrp_dlm.model.head_loading import load_head, save_head
 from mrp_dlm.model.loading import CheckpointError
 
@@ -46,7 +48,7 @@ def test_zeroed_output_norm_gives_a_plus_c_equal_a(tiny_model):
     with torch.no_grad():
         accumulator = hidden
         for _ in range(3):  # chained steps stay exact too
-            accumulator = head.advance(tiny_model, tokens, accumulator, positions)
+            accumulator = accumulator + head(tiny_model, tokens, accumulator, positions)
     assert torch.equal(accumulator, hidden)
     assert torch.equal(tiny_model.logits(accumulator), tiny_model.logits(hidden))
     assert MRPHead(tiny_model.config).norm.weight.abs().sum() == 0  # the default init
@@ -130,3 +132,54 @@ def test_bad_head_directories(tmp_path, tiny_model):
     (directory / "config.json").unlink()
     with pytest.raises(CheckpointError, match="missing file"):
         load_head(directory, tiny_model)
+
+
+def context_inputs(model, prefix_blocks: int, seed: int = 3):
+    """A clean prefix of whole blocks with the backbone's hidden states, then one block."""
+    generator = torch.Generator().manual_seed(seed)
+    T = (prefix_blocks + 1) * L
+    tokens = torch.randint(0, model.config.vocab_size - 2, (B, T), generator=generator)
+    tokens[:, -L + 1::2] = model.config.mask_token_id  # the current block, mid-decode
+    positions = torch.arange(T).expand(B, T)  # (B, T)
+    mask = block_causal_mask(torch.arange(T) // L, torch.ones(B, T, dtype=torch.bool))  # (B, T, T)
+    with torch.no_grad():
+        hidden = model(tokens, positions, mask)  # (B, T, H)
+    return tokens, hidden, positions, mask
+
+
+def test_cached_head_keys_equal_the_whole_sequence_pass(tiny_model):
+    """Keys written by a store pass into a KVCache, then a step on the block against them ==
+    one head pass over the whole sequence under the block-causal mask (and the same with
+    the recorded keys of a pass over the prefix, as training runs it)."""
+    head = randomize(MRPHead(tiny_model.config, HeadConfig(num_layers=2)), seed=4)
+    tokens, hidden, positions, mask = context_inputs(tiny_model, prefix_blocks=3)
+    P, S = 3 * L, 4 * L
+    with torch.no_grad():
+        whole = head(tiny_model, tokens, hidden, positions,
+                     HeadAttention(KeyRecorder(2), mask))[:, P:]  # (B, L, H)
+        cache = KVCache(2, B, tiny_model.config.num_kv_heads, S, tiny_model.config.head_dim,
+                        torch.float32, "cpu")
+        head(tiny_model, tokens[:, :P], hidden[:, :P], positions[:, :P],
+             HeadAttention(cache, mask[:, :P, :P], 0))
+        valid = torch.ones(B, S, dtype=torch.bool)
+        step = head(tiny_model, tokens[:, P:], hidden[:, P:], positions[:, P:],
+                    HeadAttention(cache, copies_mask(valid, P, L, 1, S), P))  # (B, L, H)
+        recorder = KeyRecorder(2)
+        head(tiny_model, tokens[:, :P], hidden[:, :P], positions[:, :P],
+             HeadAttention(recorder, mask[:, :P, :P]))
+        trained = head(tiny_model, tokens[:, P:], hidden[:, P:], positions[:, P:],
+                       HeadAttention(recorder.prefix(), mask[:, P:]))
+    torch.testing.assert_close(step, whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(trained, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_head_sees_the_context(tiny_model):
+    """Changing one token of an earlier block changes the residual of the current block."""
+    head = randomize(MRPHead(tiny_model.config, HeadConfig(num_layers=1)), seed=5)
+    tokens, hidden, positions, mask = context_inputs(tiny_model, prefix_blocks=2)
+    changed = tokens.clone()
+    changed[:, 1] = (changed[:, 1] + 1) % (tiny_model.config.vocab_size - 2)
+    with torch.no_grad():
+        before = head(tiny_model, tokens, hidden, positions, HeadAttention(KeyRecorder(1), mask))
+        after = head(tiny_model, changed, hidden, positions, HeadAttention(KeyRecorder(1), mask))
+    assert (before[:, -L:] - after[:, -L:]).abs().max() > 1e-3
