@@ -102,7 +102,11 @@ def mismatch_message(directory: Path, differences: list[str], dtype: torch.dtype
 
 def load_head(directory: str | Path, backbone: Backbone, block_size: int | None = None) -> MRPHead:
     """Load a head for `backbone` (same dtype and device), checking the fingerprint."""
+    from mrp_dlm.model import release  # the published MRP layout; it imports this module
+
     directory = Path(directory)
+    if release.is_release_dir(directory):
+        return release.load_release_head(directory, backbone, block_size)
     config, saved = read_head_meta(directory)
     differences = saved.differences(fingerprint_of(backbone, block_size))
     if differences:
