@@ -60,6 +60,40 @@ def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from mrp_dlm.model.release import check_export_dir, export_release
+    from mrp_dlm.pipeline import Pipeline
+
+    out = Path(args.out)
+    check_export_dir(out, args.force)
+    pipe = Pipeline.load(args.model, args.dtype, head=args.head)
+    if pipe.head is None:
+        raise ValueError(f"{pipe.directory} has no MRP head to export with it: give --head DIR")
+    export_release(pipe.model, pipe.head, out, pipe.directory)
+    print(f"wrote {pipe.directory} and its head {pipe.head_dir} in the published MRP layout "
+          f"to {out}")
+    return 0
+
+
+def add_export_parser(commands) -> None:
+    export = commands.add_parser(
+        "export", help="write a backbone and its MRP head in the published MRP layout",
+        description="Write a backbone and its MRP head as one directory in the layout of the "
+                    "official MRP releases (SDARMRPForCausalLM): config.json, model.safetensors "
+                    "and the tokenizer files. Default: the embedded model and its head.")
+    export.add_argument("--model", default=None,
+                        help="checkpoint directory (HF format or a release); default: the "
+                             "embedded model")
+    export.add_argument("--head", default=None,
+                        help="MRP head directory (default: the embedded head with the embedded "
+                             "model, a release's own head with a release)")
+    export.add_argument("--out", required=True, help="output directory (empty or new)")
+    export.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPES),
+                        help=f"dtype of the written weights (default: {DEFAULT_DTYPE})")
+    export.add_argument("--force", action="store_true",
+                        help="write into a non-empty --out, replacing the files it writes")
+
+
 def training_log():
     """Training logs where it resumed from and each save at INFO: show them, above the bar."""
     from tqdm.contrib.logging import logging_redirect_tqdm
@@ -300,6 +334,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
 
     fields.update(add_eval_parsers(commands))
     fields["serve"] = add_serve_parser(commands)
+    add_export_parser(commands)
 
     demo = commands.add_parser("demo", help="solve held-out problems with several modes")
     add_model_flags(demo)
@@ -330,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args, fields["bench"])
         if args.command == "demo":
             return cmd_demo(args)
+        if args.command == "export":
+            return cmd_export(args)
         if args.command == "serve":
             return cmd_serve(args, fields["serve"])
         if args.command == "train" and args.target == "backbone":

@@ -23,6 +23,7 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
 from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, load_backbone
+from mrp_dlm.model.release import is_release_dir
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 from mrp_dlm.threads import set_inference_threads
 
@@ -74,7 +75,8 @@ class Pipeline:
              device: str = DEFAULT_DEVICE, mask_token_id: int | None = None,
              block_size: int | None = None, head: str | Path | None = None,
              threads: int | None = None) -> "Pipeline":
-        """Load a checkpoint directory; None means the embedded model (and its head).
+        """Load a checkpoint directory; None means the embedded model (and its head). A
+        directory in the published MRP layout (`release.py`) brings its own head.
 
         The head is only located here; it is read when an MRP mode first decodes.
         threads: torch's CPU threads; None or 0 chooses by the model's size (`threads.py`).
@@ -88,6 +90,8 @@ class Pipeline:
         set_inference_threads(model, device, threads)
         if head is None and directory is None and (embedded_head_dir() / "config.json").is_file():
             head = embedded_head_dir()
+        if head is None and is_release_dir(path):  # a release holds its head beside the backbone
+            head = path
         return cls(model=model, tokenizer=load_tokenizer(path), directory=path,
                    head_dir=Path(head) if head is not None else None)
 

@@ -313,3 +313,56 @@ def test_a_broken_checkpoint_file_fails_cleanly(saved_model_and_head, capsys, ca
 def test_missing_model_dir_fails_cleanly(tmp_path, capsys):
     code, out, err = run_cli(capsys, "generate", "--model", str(tmp_path / "nope"), "--prompt", "x")
     assert code == 2 and "model directory not found" in err
+
+
+# --- export and the published MRP layout ------------------------------------------------------
+
+def test_export_writes_a_release_that_generates_without_head(saved_model_and_head, tmp_path,
+                                                             capsys):
+    model_dir, head_dir = saved_model_and_head
+    out = tmp_path / "release"
+    code, stdout, err = run_cli(capsys, "export", "--model", str(model_dir), "--head",
+                                str(head_dir), "--out", str(out))
+    assert code == 0, err
+    assert f"to {out}" in stdout
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["SDARMRPForCausalLM"]
+    assert (out / "tokenizer.json").is_file()
+    for mode in ("direct", "speculative", "remask"):
+        argv = ["generate", "--prompt", "7 + 5", "--mode", mode, "--max-new-tokens", "9", "--json"]
+        code, theirs, err = run_cli(capsys, *argv, "--model", str(out))
+        assert code == 0, err
+        code, ours, err = run_cli(capsys, *argv, "--model", str(model_dir), "--head", str(head_dir))
+        assert code == 0, err
+        assert json.loads(theirs)["token_ids"] == json.loads(ours)["token_ids"]
+
+
+def test_export_refuses_a_non_empty_out_unless_forced(saved_model_and_head, tmp_path, capsys):
+    model_dir, head_dir = saved_model_and_head
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    argv = ["export", "--model", str(model_dir), "--head", str(head_dir), "--out", str(out)]
+    code, stdout, err = run_cli(capsys, *argv)
+    assert code == 2 and err == f"mrp: error: --out {out} is not empty; pass --force to overwrite it\n"
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    code, stdout, err = run_cli(capsys, *argv, "--force", "--dtype", "bfloat16")
+    assert code == 0, err
+    assert Pipeline.load(out, dtype="bfloat16").head is not None
+
+
+def test_export_without_a_head_fails_cleanly(saved_model_and_head, tmp_path, capsys):
+    model_dir, _ = saved_model_and_head
+    code, stdout, err = run_cli(capsys, "export", "--model", str(model_dir), "--out",
+                                str(tmp_path / "out"))
+    assert code == 2 and err == (f"mrp: error: {model_dir} has no MRP head to export with it: "
+                                 "give --head DIR\n")
+
+
+def test_export_defaults_to_the_embedded_model_and_head(tmp_path, capsys):
+    code, stdout, err = run_cli(capsys, "export", "--out", str(tmp_path / "embedded"))
+    assert code == 0, err
+    embedded, release = Pipeline.load(), Pipeline.load(tmp_path / "embedded")
+    for ours, theirs in ((embedded.model, release.model), (embedded.head, release.head)):
+        for name, tensor in ours.state_dict().items():
+            assert torch.equal(theirs.state_dict()[name], tensor), name
+    assert release.tokenizer is not None

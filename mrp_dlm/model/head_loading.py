@@ -117,7 +117,11 @@ def load_head(directory: str | Path, backbone: Backbone, block_size: int | None 
               block_only: bool = False) -> MRPHead:
     """Load a head for `backbone` (same dtype and device), checking the fingerprint;
     `block_only`: also a head saved before heads attended to the context (to fine-tune)."""
+    from mrp_dlm.model import release  # the published MRP layout; it imports this module
+
     directory = Path(directory)
+    if release.is_release_dir(directory):
+        return release.load_release_head(directory, backbone, block_size)
     config, saved = read_head_meta(directory, block_only)
     differences = saved.differences(fingerprint_of(backbone, block_size))
     if differences:

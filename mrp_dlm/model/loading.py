@@ -5,7 +5,8 @@ reads tensors in shard by shard, tensor by tensor, straight into the parameters,
 memory is the model plus one tensor's conversion buffer (an 8B checkpoint never needs two
 copies). Only the safetensors format is read: no pickle.
 
-Deliberately not here: tokenizers (see `tokenizer.py`) and MRP head checkpoints.
+Deliberately not here: tokenizers (see `tokenizer.py`), MRP head checkpoints, and the
+published MRP layout (see `release.py`; `read_config` and `load_backbone` dispatch to it).
 """
 
 from __future__ import annotations
@@ -124,7 +125,9 @@ def read_config(directory: str | Path, mask_token_id: int | None = None,
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"model directory not found: {directory}")
-    raw = read_json(directory / "config.json")
+    from mrp_dlm.model import release  # the published MRP layout; it imports this module
+
+    raw = release.backbone_config(read_json(directory / "config.json"), directory)
     return config_from_hf(raw, read_stop_ids(directory, raw), mask_token_id, block_size,
                           directory / "config.json")
 
@@ -192,9 +195,12 @@ def read_tensor_into(handle, target: torch.Tensor, info: dict, base: int, path: 
         target.copy_(buffer)
 
 
-def copy_shard(path: Path, params: dict[str, torch.Tensor], seen: set[str]) -> None:
+def copy_shard(path: Path, params: dict[str, torch.Tensor], seen: set[str],
+               skip: tuple[str, ...] = ()) -> None:
     """Copy one shard's tensors into the allocated parameters.
 
+    Tensors whose names start with a `skip` prefix belong to another part of the checkpoint
+    and are passed over silently; any other unknown tensor is logged.
     Reads with plain file reads rather than a memory map, so the only memory used beyond
     the model is one tensor's conversion buffer (a mapped shard would stay resident until
     closed: ~2x the checkpoint for a single-file model).
@@ -202,6 +208,8 @@ def copy_shard(path: Path, params: dict[str, torch.Tensor], seen: set[str]) -> N
     with path.open("rb") as handle:
         header, base = read_header(handle, path)
         for name, info in header.items():
+            if name.startswith(skip):
+                continue
             if name not in params:
                 log.warning("ignoring unexpected tensor %s in %s", name, path.name)
                 continue
@@ -212,7 +220,10 @@ def copy_shard(path: Path, params: dict[str, torch.Tensor], seen: set[str]) -> N
 def load_backbone(directory: str | Path, dtype: torch.dtype = DTYPES[DEFAULT_DTYPE],
                   device: torch.device | str = DEFAULT_DEVICE, mask_token_id: int | None = None,
                   block_size: int | None = None) -> Backbone:
-    """Read a local HF-format SDAR/Qwen3 checkpoint into a Backbone in eval mode."""
+    """Read a local HF-format SDAR/Qwen3 checkpoint (or a release's backbone) into a
+    Backbone in eval mode."""
+    from mrp_dlm.model import release  # the published MRP layout; it imports this module
+
     directory, device = Path(directory), resolve_device(device)
     config = read_config(directory, mask_token_id, block_size)
     files = weight_files(directory)
@@ -222,15 +233,22 @@ def load_backbone(directory: str | Path, dtype: torch.dtype = DTYPES[DEFAULT_DTY
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     params = {name: p.data for name, p in model.named_parameters()}  # tied weights appear once
+    copy_tensors(files, params, directory, skip=release.head_prefixes(directory))
+    return model.eval()
+
+
+def copy_tensors(files: list[Path], params: dict[str, torch.Tensor], directory: Path,
+                 skip: tuple[str, ...] = ()) -> None:
+    """Fill every tensor of `params` (checkpoint name -> allocated tensor) from `files`; a
+    CheckpointError names those no file holds."""
     seen: set[str] = set()
     with torch.no_grad():
         for path in files:
-            copy_shard(path, params, seen)
+            copy_shard(path, params, seen, skip)
     missing = sorted(set(params) - seen)
     if missing:
         raise CheckpointError(f"{directory}: missing tensor(s) {', '.join(missing[:5])}"
                               + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    return model.eval()
 
 
 def write_atomic(path: Path, write) -> None:
@@ -259,7 +277,15 @@ def save_backbone(model: Backbone, directory: str | Path, max_shard_bytes: int |
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()}
-    dtype = next(iter(tensors.values())).dtype
+    save_tensors(tensors, directory, max_shard_bytes)
+    hf_config = config_to_hf(model.config, next(iter(tensors.values())).dtype)
+    write_atomic(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(hf_config, indent=2)))
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], directory: Path,
+                 max_shard_bytes: int | None = None) -> None:
+    """Write CPU tensors as model.safetensors, or as shards with an index when
+    max_shard_bytes is set and they exceed it; each file atomically."""
     shards = plan_shards(tensors, max_shard_bytes)
     names = [SINGLE_FILE] if len(shards) == 1 else [
         f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
@@ -273,5 +299,3 @@ def save_backbone(model: Backbone, directory: str | Path, max_shard_bytes: int |
         index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
                  "weight_map": {name: file for file, shard in zip(names, shards) for name in shard}}
         write_atomic(directory / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=2)))
-    hf_config = config_to_hf(model.config, dtype)
-    write_atomic(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(hf_config, indent=2)))

@@ -13,6 +13,10 @@ the SGLang command, its environment and the algorithm's YAML. What it chooses:
   memory (SGLang would size it from the total memory: 14.5 GB here), and the library's
   CPU thread rule (`mrp_dlm/threads.py`) unless OMP_NUM_THREADS or MKL_NUM_THREADS is set;
 - on CUDA: SGLang's own defaults;
+- a checkpoint in the published MRP layout (`model/release.py`): SGLang's model table has
+  no `SDARMRPForCausalLM`, so SGLang gets a view of it as `SDARForCausalLM` (config
+  rewritten, weights symlinked; our SGLang model skips the head's tensors) and the MRP
+  algorithms its head from the release's own directory;
 - a request that leaves out `temperature` is greedy: `--preferred-sampling-params
   '{"temperature": 0}'`, which `request_defaults.py` makes the OpenAI endpoints honour.
 
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.model.loading import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
+from mrp_dlm.model.release import backbone_config, is_release_dir
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
 from mrp_dlm.threads import choose_threads, usable_cpus
@@ -48,6 +53,7 @@ INSTALL_HINT = ("install it with `pip install 'mrp-dlm[sglang]'` on a CUDA host,
                 "(SGLang without its CUDA torch; see docs/serving.md)")
 DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # safetensors -> torch
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+VIEW_NAME = "sdar-view"  # a release's SDAR view, written beside the algorithm's YAML
 
 
 class ServeError(ValueError):
@@ -113,6 +119,7 @@ class LaunchPlan:
     device: str  # cpu or cuda
     checkpoint: Checkpoint  # what is served
     head: Path | None  # the MRP head, for the MRP algorithms
+    view_of: Path | None = None  # a release-layout checkpoint, shown to SGLang at --model-path as SDAR
 
     @property
     def base_url(self) -> str:
@@ -125,6 +132,10 @@ class LaunchPlan:
     @property
     def served_name(self) -> str:
         return self.argv[self.argv.index("--served-model-name") + 1]
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.argv[self.argv.index("--model-path") + 1])
 
 
 def check_sglang() -> None:
@@ -183,13 +194,15 @@ def read_checkpoint(directory: Path) -> Checkpoint:
 
 def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
     """The MRP head directory of the MRP algorithms: --head, else the embedded head when the
-    embedded model is served."""
+    embedded model is served, else a release's own directory (it holds its head)."""
     if config.algorithm not in MRP_ALGORITHMS:
         return None
     if config.head is not None:
         head = Path(config.head).expanduser().resolve()
     elif model_dir == embedded_model_dir().resolve():
         head = embedded_head_dir().resolve()
+    elif is_release_dir(model_dir):
+        head = model_dir
     else:
         raise ServeError(f"{config.algorithm} needs the MRP head trained on {model_dir}: give "
                          "--head DIR (or --algorithm LowConfidence, which needs none)")
@@ -251,19 +264,23 @@ def cpu_env(checkpoint: Checkpoint, environ: dict[str, str]) -> dict[str, str]:
 def block_size_of(directory: Path) -> int:
     from mrp_dlm.config import SDAR_BLOCK_SIZE
 
-    return int(read_json(directory / "config.json").get("block_size") or SDAR_BLOCK_SIZE)
+    raw = backbone_config(read_json(directory / "config.json"), directory)
+    return int(raw.get("block_size") or SDAR_BLOCK_SIZE)
 
 
 def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
                 environ: dict[str, str]) -> LaunchPlan:
-    """The SGLang server command for `config`; the YAML is to be written at yaml_path."""
+    """The SGLang server command for `config`; the YAML is to be written at yaml_path, and
+    a release's SDAR view (SGLang has no `SDARMRPForCausalLM`) beside it, at VIEW_NAME."""
     model_dir = Path(config.model).expanduser().resolve() if config.model \
         else embedded_model_dir().resolve()
     checkpoint = read_checkpoint(model_dir)
     head = head_for(config, model_dir)
     device = resolve_device(config.device)
+    view_of = model_dir if is_release_dir(model_dir) else None
+    served = yaml_path.with_name(VIEW_NAME) if view_of else model_dir
     argv = [sys.executable, "-m", "mrp_dlm.serving.server",
-            "--model-path", str(model_dir), "--served-model-name", model_dir.name,
+            "--model-path", str(served), "--served-model-name", model_dir.name,
             "--host", HOST, "--port", str(config.port), "--dtype", checkpoint.dtype,
             "--dllm-algorithm", config.algorithm, "--dllm-algorithm-config", str(yaml_path),
             "--preferred-sampling-params", json.dumps(GREEDY_DEFAULTS)]
@@ -273,7 +290,7 @@ def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
         env = cpu_env(checkpoint, environ)
     return LaunchPlan(argv=argv + list(extra_args), env=env,
                       yaml_text=algorithm_yaml(config, head), device=device,
-                      checkpoint=checkpoint, head=head)
+                      checkpoint=checkpoint, head=head, view_of=view_of)
 
 
 def describe(config: ServeConfig, plan: LaunchPlan) -> str:

@@ -26,6 +26,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from mrp_dlm.model.release import write_sdar_view
 from mrp_dlm.serving.launch import (HOST, LaunchPlan, ServeConfig, ServeError, check_sglang,
                                     describe, plan_launch, ready_message)
 
@@ -123,6 +124,8 @@ def serve(config: ServeConfig, extra_args: list[str], announce: Callable[[str], 
             raise ServeError(f"port {plan.port} on {HOST} is in use (another server?); "
                              "choose another with --port")
         yaml_path.write_text(plan.yaml_text)
+        if plan.view_of is not None:
+            write_sdar_view(plan.view_of, plan.model_path)
         announce(f"mrp serve: {describe(config, plan)}\n{shlex.join(plan.argv)}")
         previous = signal.signal(signal.SIGTERM, interrupt)
         process = start(plan)

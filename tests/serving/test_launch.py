@@ -20,10 +20,11 @@ import pytest
 import torch
 import yaml
 
-from conftest import random_backbone, tiny_config
+from conftest import random_backbone, random_head, tiny_config
 from mrp_dlm.cli import main
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.model.loading import save_backbone
+from mrp_dlm.model.release import export_release
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
 from mrp_dlm.serving import launch, process
 from mrp_dlm.serving.config import MrpServingConfig
@@ -149,6 +150,36 @@ def test_heads_are_required_and_checked(tmp_path, cpu_machine):
     plan = plan_launch(ServeConfig(model=str(tmp_path / "model"), algorithm="LowConfidence"),
                        tmp_path / "a.yaml", [], {})
     assert plan.head is None and flag(plan.argv, "--served-model-name") == "model"
+
+
+def test_a_release_is_served_as_sdar_with_its_own_head(tmp_path, cpu_machine, monkeypatch):
+    model = random_backbone(tiny_config(block_size=16))
+    release = tmp_path / "sdar-mrp"
+    export_release(model, random_head(model, 0), release)
+    plan = plan_launch(ServeConfig(model=str(release)), tmp_path / "run" / "a.yaml", [], {})
+    assert plan.view_of == release and plan.head == release  # the head beside the backbone
+    assert plan.model_path == tmp_path / "run" / "sdar-view" and plan.served_name == "sdar-mrp"
+    assert MrpServingConfig.from_mapping(yaml.safe_load(plan.yaml_text)).head == str(release)
+    assert int(flag(plan.argv, "--max-total-tokens")) % 16 == 0  # the release's block size
+    plan = plan_launch(ServeConfig(model=str(release), algorithm="LowConfidence"),
+                       tmp_path / "a.yaml", [], {})
+    assert plan.head is None and plan.view_of == release
+
+    seen = {}
+
+    def fake_start(plan):  # what `serve` has written when SGLang would start
+        seen["config"] = json.loads((plan.model_path / "config.json").read_text())
+        seen["links"] = sorted(p.name for p in plan.model_path.iterdir() if p.is_symlink())
+        raise ServeError("SGLang is not started in this test")
+
+    monkeypatch.setattr(process, "check_sglang", lambda: None)
+    monkeypatch.setattr(process, "port_is_free", lambda port: True)
+    monkeypatch.setattr(process, "start", fake_start)
+    with pytest.raises(ServeError, match="not started"):
+        process.serve(ServeConfig(model=str(release)), [], lambda text: None)
+    assert seen["config"]["architectures"] == ["SDARForCausalLM"]
+    assert seen["config"]["block_size"] == 16
+    assert seen["links"] == ["model.safetensors"]
 
 
 def test_cuda_on_a_machine_without_it():

@@ -7,7 +7,9 @@ Differences from SGLang's class, all for dLLM forwards only:
 - the mask token's logit is -inf (SUBS, as in our own decoder): a model never "commits"
   [MASK], `LowConfidence` cannot spin on it, and its confidences equal ours;
 - when an MRP algorithm is served, `load_weights` loads the head from the YAML's `head`
-  directory after the backbone, with the fingerprint check (model and block size).
+  directory after the backbone, with the fingerprint check (model and block size);
+- `load_weights` skips a published release's head tensors (`mrp_modules.*`, see
+  `model/release.py`): `mrp serve` serves a release through an SDAR view of its files.
 
 The head runs as plain PyTorch inside the block (no radix attention, no KV cache); its
 tensors never pass through SGLang's `load_weights`, whose substring remapping would rename
@@ -28,6 +30,7 @@ from sglang.srt.models.sdar import SDARForCausalLM as SGLangSDARForCausalLM
 from sglang.srt.runtime_context import get_exec, get_parallel
 
 from mrp_dlm.model.head import MRPHead
+from mrp_dlm.model.release import is_head_tensor
 from mrp_dlm.serving.config import load_serving_config, read_yaml, resolve_block_facts
 from mrp_dlm.serving.head_host import HeadHost, host_of, load_host_head
 from mrp_dlm.serving.plugin import ALGORITHMS
@@ -58,7 +61,9 @@ class SDARForCausalLM(SGLangSDARForCausalLM):
         return output
 
     def load_weights(self, weights: Iterable) -> None:
-        super().load_weights(weights)
+        # a release's files also hold its head, which SGLang's loader would misname
+        super().load_weights((name, tensor) for name, tensor in weights
+                             if not is_head_tensor(name))
         dllm = get_exec().dllm
         if dllm.dllm_algorithm in ALGORITHMS:
             self.attach_head(dllm.dllm_algorithm_config)
