@@ -341,6 +341,28 @@ def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped, th
     assert len({len(row) for row in batch.token_ids}) > 1, "rows should stop at different lengths"
 
 
+@pytest.mark.parametrize("mode,block_size,knobs", [
+    ("direct", 4, dict(lookahead=2)), ("direct", 16, dict(lookahead=3, steps=8)),
+    ("remask", 4, dict(threshold=0.3)), ("remask", 16, dict(threshold=0.2)),
+])
+def test_head_cache_rows_equal_solo_rows(mode, block_size, knobs):
+    # The head's keys of earlier blocks are per row: left-padded rows of other prompt
+    # lengths get their solo outputs (remask's checks run on gathered rows of the cache).
+    model = backbone(3, block_size)
+    head = random_head(model, 3, norm=0.3)
+    config = DecodeConfig(mode=mode, block_size=block_size, max_new_tokens=MAX_NEW[block_size],
+                          stop_token_ids=(), **knobs)
+    prompts = [robust_case(prompt_of, n, 60 + i,
+                           lambda prompt: reference_mrp_generate(model, head, prompt, config))[0]
+               for i, n in enumerate(LENGTHS)]
+    batch = decode(model, prompts, config, head)
+    for index, prompt in enumerate(prompts):
+        solo = decode(model, [prompt], config, head)
+        assert batch.token_ids[index] == solo.token_ids[0], f"row {index}"
+    if mode == "direct":  # every block runs head steps: each store rides on one
+        assert batch.stats.head_store_forwards == 0
+
+
 # --- a fresh head predicts no change --------------------------------------------------------
 
 @pytest.mark.parametrize("block_size,lookahead", [(4, 1), (4, 3), (16, 1), (16, 3), (16, 7)])
