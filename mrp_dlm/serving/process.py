@@ -82,6 +82,15 @@ def port_listeners(port: int) -> list[str]:
     return found
 
 
+def time_wait_count(port: int) -> int:
+    """TCP connections in TIME-WAIT on local port `port`: what a server that stopped under
+    load leaves there for up to a minute, and what port_is_free lets through."""
+    import psutil
+
+    return sum(c.status == psutil.CONN_TIME_WAIT for c in psutil.net_connections(kind="tcp")
+               if c.laddr and c.laddr.port == port)
+
+
 def check_port(port: int) -> None:
     """A ServeError naming who listens on `port` when the server could not listen there."""
     if port_is_free(port):
@@ -122,6 +131,27 @@ def descendants(pid: int) -> list:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def process_tree(pid: int) -> list:
+    """psutil processes: `pid` and every descendant now."""
+    import psutil
+
+    return [psutil.Process(pid), *descendants(pid)]
+
+
+def left_running(processes: list) -> list[str]:
+    """'PID name' of each of `processes` (psutil) still running; zombies are not."""
+    import psutil
+
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{process.pid} {process.name()}")
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def signal_group(pid: int, signum: int) -> None:

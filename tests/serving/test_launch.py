@@ -228,6 +228,7 @@ def test_a_port_with_only_time_wait_connections_is_free():
     states = {c.status for c in psutil.net_connections(kind="tcp")
               if c.laddr and c.laddr.port == port}
     assert states == {"TIME_WAIT"}, states
+    assert process.time_wait_count(port) == 3
     with socket.socket() as plain, pytest.raises(OSError):
         plain.bind(("127.0.0.1", port))  # what the old probe did, and was refused
     assert process.port_is_free(port)
@@ -277,13 +278,13 @@ def tree_of(ignore_sigterm: bool) -> tuple[subprocess.Popen, list]:
     deadline = time.monotonic() + 30
     while not process.descendants(child.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    tree = [psutil.Process(child.pid), *process.descendants(child.pid)]
+    tree = process.process_tree(child.pid)
     assert len(tree) == 2
     return child, tree
 
 
 def gone(tree: list) -> bool:
-    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree)
+    return process.left_running(tree) == []
 
 
 @pytest.mark.parametrize("ignore_sigterm", [False, True])
