@@ -11,21 +11,18 @@ on a CPU) and the openai client.
 
     OMP_NUM_THREADS=1 python benchmarks/serve_openai.py --requests 16 --concurrency 8
 
-Deliberately not here: the engine API (see `sglang_cpu_concurrency.py`).
+Deliberately not here: the engine API (see `sglang_cpu_concurrency.py`); checks against the
+library's decode, sampled and completion requests, and Ctrl-C under load (see
+`serve_load.py`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,59 +32,21 @@ sys.path.insert(0, str(ROOT))
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
 from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def counters(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^mrp_dlm_(\w+)_total\{[^}]*\} (\S+)$", text, re.M)}
-
-
-def tree_rss(pid: int) -> float:
-    """GiB resident in the server's process tree."""
-    import psutil
-
-    parent = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)]) / 2**30
-
-
-def start(algorithm: str, threshold: float, lookahead: int, port: int, log: Path):
-    command = [sys.executable, "-m", "mrp_dlm.cli", "serve", "--algorithm", algorithm,
-               "--threshold", str(threshold), "--port", str(port)]
-    if algorithm == "MrpSpeculative":
-        command += ["--lookahead", str(lookahead)]
-    with open(log, "w") as handle:
-        server = subprocess.Popen(command + ["--", "--enable-metrics"], stdout=handle,
-                                  stderr=subprocess.STDOUT)
-    began = time.perf_counter()
-    while "\nready: " not in log.read_text():
-        if server.poll() is not None:
-            raise RuntimeError(f"mrp serve exited:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    return server, time.perf_counter() - began
+from serve_harness import (counters, free_port, request, serve_command, start,  # noqa: E402
+                           stop, tree_rss)
 
 
 def ask(client, problems: list[str], max_tokens: int, concurrency: int) -> list:
-    def one(problem: str):
-        return client.chat.completions.create(
-            model="embedded", messages=[{"role": "user", "content": problem}],
-            max_tokens=max_tokens)
-
     with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(one, problems))
+        return list(pool.map(lambda problem: request(client, problem, True, max_tokens),
+                             problems))
 
 
 def measure(algorithm: str, args, problems: list[str], warmup: list[str], tmp: Path) -> dict:
     import openai
 
     port = free_port()
-    server, start_seconds = start(algorithm, args.threshold, args.lookahead, port,
+    server, start_seconds = start(serve_command(algorithm, args.threshold, args.lookahead, port),
                                   tmp / f"{algorithm}.log")
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
@@ -99,11 +58,8 @@ def measure(algorithm: str, args, problems: list[str], warmup: list[str], tmp: P
         delta = {k: v - before.get(k, 0.0) for k, v in counters(port).items()}
         rss = tree_rss(server.pid)
     finally:
-        stopping = time.perf_counter()
-        server.send_signal(signal.SIGINT)
-        server.wait(timeout=120)
-        stop_seconds = time.perf_counter() - stopping
-    tokens = sum(r.usage.completion_tokens for r in replies)
+        _, stop_seconds = stop(server)
+    tokens = sum(r.tokens for r in replies)
     return dict(algorithm=algorithm, start_s=round(start_seconds, 1),
                 stop_s=round(stop_seconds, 1), rss_gib=round(rss, 2),
                 seconds=round(seconds, 2), tokens=tokens,
@@ -111,7 +67,7 @@ def measure(algorithm: str, args, problems: list[str], warmup: list[str], tmp: P
                 tokens_per_forward=round(delta["generated_tokens"] / delta["forwards"], 3),
                 accepted_per_round=round(delta["accepted_drafts"]
                                          / max(delta["draft_rounds"], 1), 2),
-                texts=[r.choices[0].message.content for r in replies])
+                texts=[r.text for r in replies])
 
 
 def main() -> int:

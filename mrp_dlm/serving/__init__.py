@@ -18,7 +18,7 @@ point (`plugin.load`). Module map:
   request_defaults.py  --preferred-sampling-params for what OpenAI requests leave out
 `mrp serve` (run SGLang with flags chosen for the machine):
   launch.py        ServeConfig -> the SGLang command, environment and YAML
-  process.py       start it, wait until it answers, stop its whole process tree
+  process.py       check its port, start it, wait until it answers, stop its whole tree
   server.py        SGLang's main process (`python -m mrp_dlm.serving.server`)
   cpu_standins.py  import stand-ins that let SGLang start on a CPU-only machine
 

@@ -6,7 +6,9 @@ SGLang's server is a process tree: the HTTP server and its scheduler and detoken
 `mrp serve` only, which then stops the whole tree: SIGTERM to SGLang's main process (its
 handler drains and stops its children; a SIGTERM to them too would read as a crash), and
 after GRACE_SECONDS SIGKILL to the process group and to every descendant seen while it
-ran. SIGTERM to `mrp serve` does the same as Ctrl-C.
+ran. SIGTERM to `mrp serve` does the same as Ctrl-C. Before the start, the port is checked
+as the server will meet it (SO_REUSEADDR, as uvicorn binds): the TIME-WAIT connections a
+stopped server leaves do not block a restart; a listener does, and the error names it.
 
 Deliberately not here: which command to run (see `launch.py`); printing (the CLI prints
 what `serve` hands to `announce`).
@@ -14,6 +16,7 @@ what `serve` hands to `announce`).
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import signal
@@ -33,15 +36,69 @@ from mrp_dlm.serving.launch import (HOST, LaunchPlan, ServeConfig, ServeError, c
 READY_PATH = "/health"  # 200 once SGLang has loaded the model and warmed up (503 before)
 POLL_SECONDS = 1.0  # between readiness checks
 GRACE_SECONDS = 20.0  # SIGTERM -> SIGKILL
+COMMAND_CHARS = 160  # of a port holder's command line, in the "in use" error
 
 
 def port_is_free(port: int) -> bool:
+    """Whether SGLang's HTTP server can listen on HOST:port. The probe binds and listens as
+    uvicorn does, with SO_REUSEADDR: a port that holds only TIME-WAIT connections (the
+    connections of a server that just stopped under load, for up to a minute) is free, as
+    it is for the server; a port something listens on is not. Errors other than "in use"
+    (a privileged port, say) are a ServeError with the system's reason."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((HOST, port))
-        except OSError:
-            return False
+            probe.listen(1)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return False
+            raise ServeError(f"cannot listen on port {port} on {HOST}: {error.strerror}; "
+                             "choose another with --port") from error
     return True
+
+
+def port_listeners(port: int) -> list[str]:
+    """'process PID (command line)' of each process that listens on `port`, where the system
+    tells: best effort (psutil reads /proc; another user's processes show no PID), and an
+    empty list when it cannot tell."""
+    try:
+        import psutil  # an SGLang dependency
+    except ImportError:
+        return []
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return []
+    pids = sorted({c.pid for c in connections
+                   if c.status == "LISTEN" and c.laddr and c.laddr.port == port})
+    found = []
+    for pid in pids:
+        try:
+            command = shlex.join(psutil.Process(pid).cmdline()) if pid else ""
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            command = ""
+        found.append(f"process {pid} ({command[:COMMAND_CHARS] or '?'})" if pid
+                     else "a process this user cannot see")
+    return found
+
+
+def time_wait_count(port: int) -> int:
+    """TCP connections in TIME-WAIT on local port `port`: what a server that stopped under
+    load leaves there for up to a minute, and what port_is_free lets through."""
+    import psutil
+
+    return sum(c.status == psutil.CONN_TIME_WAIT for c in psutil.net_connections(kind="tcp")
+               if c.laddr and c.laddr.port == port)
+
+
+def check_port(port: int) -> None:
+    """A ServeError naming who listens on `port` when the server could not listen there."""
+    if port_is_free(port):
+        return
+    holders = port_listeners(port)
+    who = f"{', '.join(holders)} listens there" if holders else "another server?"
+    raise ServeError(f"port {port} on {HOST} is in use ({who}); choose another with --port")
 
 
 def start(plan: LaunchPlan) -> subprocess.Popen:
@@ -75,6 +132,27 @@ def descendants(pid: int) -> list:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def process_tree(pid: int) -> list:
+    """psutil processes: `pid` and every descendant now."""
+    import psutil
+
+    return [psutil.Process(pid), *descendants(pid)]
+
+
+def left_running(processes: list) -> list[str]:
+    """'PID name' of each of `processes` (psutil) still running; zombies are not."""
+    import psutil
+
+    alive = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{process.pid} {process.name()}")
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def signal_group(pid: int, signum: int) -> None:
@@ -120,9 +198,7 @@ def serve(config: ServeConfig, extra_args: list[str], announce: Callable[[str], 
     with tempfile.TemporaryDirectory(prefix="mrp-serve-") as tmp:
         yaml_path = Path(tmp) / "algorithm.yaml"
         plan = plan_launch(config, yaml_path, extra_args, dict(os.environ))
-        if not port_is_free(plan.port):
-            raise ServeError(f"port {plan.port} on {HOST} is in use (another server?); "
-                             "choose another with --port")
+        check_port(plan.port)
         yaml_path.write_text(plan.yaml_text)
         if plan.view_of is not None:
             write_sdar_view(plan.view_of, plan.model_path)

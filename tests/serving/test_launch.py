@@ -7,8 +7,10 @@ The real server, end to end with the openai client, is `test_serve.py` (slow).
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -211,9 +213,66 @@ def test_a_port_in_use_is_refused_before_the_server_starts(monkeypatch, cpu_mach
     monkeypatch.setattr(process, "start", lambda plan: pytest.fail("the server was started"))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
         port = taken.getsockname()[1]
-        with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is in use"):
+        with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is in use "
+                                             f"\\(process {os.getpid()} \\(.*pytest"):
             process.serve(ServeConfig(port=port), [], print)
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_a_listening_port_is_not_free(reuse):
+    """Busy whether or not the listener set SO_REUSEADDR (uvicorn does)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(reuse))
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        assert not process.port_is_free(port)
+        assert process.port_listeners(port) == [
+            f"process {os.getpid()} ({shlex.join(psutil.Process().cmdline())[:160]})"]
+    assert process.port_is_free(port)
+
+
+def time_wait_port() -> int:
+    """A port that holds only TIME-WAIT connections, as a server leaves after load: a
+    listener with SO_REUSEADDR (as uvicorn's; Linux lets a bind through a TIME-WAIT
+    connection only when both sockets set it) accepts a few connections and closes its ends
+    first (TIME-WAIT stays on the side that closes first, here the side that owns the
+    port), then stops listening."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        for client in clients:
+            accepted, _ = listener.accept()
+            accepted.close()
+            assert client.recv(1) == b""  # the server's FIN arrived: its end is FIN-WAIT-2
+            client.close()  # ... and now TIME-WAIT
+    return port
+
+
+def test_a_port_with_only_time_wait_connections_is_free():
+    port = time_wait_port()
+    states = {c.status for c in psutil.net_connections(kind="tcp")
+              if c.laddr and c.laddr.port == port}
+    assert states == {"TIME_WAIT"}, states
+    assert process.time_wait_count(port) == 3
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what the old probe did, and was refused
+    assert process.port_is_free(port)
+    assert process.port_listeners(port) == []
+
+
+def test_a_port_that_cannot_be_probed_says_why(monkeypatch):
+    def refuse(self, address):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    with pytest.raises(ServeError, match="cannot listen on port 80 on 127.0.0.1: Permission"):
+        process.port_is_free(80)
 
 
 def test_ready_message_is_ready_to_paste(tmp_path, cpu_machine):
@@ -250,13 +309,13 @@ def tree_of(ignore_sigterm: bool) -> tuple[subprocess.Popen, list]:
     deadline = time.monotonic() + 30
     while not process.descendants(child.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    tree = [psutil.Process(child.pid), *process.descendants(child.pid)]
+    tree = process.process_tree(child.pid)
     assert len(tree) == 2
     return child, tree
 
 
 def gone(tree: list) -> bool:
-    return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree)
+    return process.left_running(tree) == []
 
 
 @pytest.mark.parametrize("ignore_sigterm", [False, True])

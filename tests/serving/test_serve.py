@@ -1,6 +1,6 @@
-"""`mrp serve` end to end on this CPU, as a user runs it: ONE server start of the embedded
-model and head (`mrp serve --port P -- --enable-metrics`: MrpSpeculative at the default
-threshold), talked to with the `openai` client, then stopped with Ctrl-C (SIGINT).
+"""`mrp serve` end to end on this CPU, as a user runs it: the embedded model and head served
+(`mrp serve --port P -- --enable-metrics`: MrpSpeculative at the default threshold), talked
+to with the `openai` client, stopped with Ctrl-C (SIGINT), and started again on port P.
 
 - the server prints its URL and the ready-to-paste curl and openai examples when ready;
 - chat and completion requests, greedy (temperature 0) and with temperature left out,
@@ -14,7 +14,10 @@ threshold), talked to with the `openai` client, then stopped with Ctrl-C (SIGINT
   (MrpSpeculative is exact under sampling), on every stable prompt;
 - the plugin's counters on /metrics moved by exactly this test's requests: the tokens
   their usage reports, and the forwards SGLang itself logged ("Prefill batch" lines);
-- after Ctrl-C no process of the server's tree is left (psutil).
+- after Ctrl-C no process of the server's tree is left (psutil);
+- after a burst of concurrent requests and Ctrl-C, `mrp serve` starts again on the same
+  port at once, while the burst's TIME-WAIT connections still hold it (a plain bind is
+  refused), answers and stops (the second and last server start).
 The SGLang subprocesses get the CPU stand-ins without the `.pth` hook: the server runs with
 MRP_SGLANG_CPU_STANDINS unset.
 
@@ -42,9 +45,10 @@ if importlib.util.find_spec("sglang") is None:
 from margins import stable_rows  # noqa: E402
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.pipeline import Pipeline, embedded_head_dir  # noqa: E402
+from mrp_dlm.serving.process import left_running, process_tree, time_wait_count  # noqa: E402
 from sglang_env import request_forwards, trim_after_stop  # noqa: E402
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]  # one SGLang server start: 40-90 s here
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]  # two SGLang server starts: 40-90 s each here
 
 PROMPTS = ["What is 12 + 7?", "Tom has 3 apples and buys 4 more. How many apples does he have?",
            "What is 6 * 8?", "Write a Python function that adds two numbers."]
@@ -155,24 +159,28 @@ def check_sampled(client, pipeline: Pipeline) -> int:
     return tokens
 
 
-def process_tree(pid: int) -> list:
-    import psutil
+def burst(client, count: int = 16) -> None:
+    """`count` short chat requests all at once: the load that leaves TIME-WAIT connections
+    on the server's port when it stops."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    parent = psutil.Process(pid)
-    return [parent, *parent.children(recursive=True)]
+    with ThreadPoolExecutor(count) as pool:
+        replies = list(pool.map(lambda i: served(client, PROMPTS[i % len(PROMPTS)], True),
+                                range(count)))
+    assert all(ids for _, ids, _ in replies)
 
 
-def left_running(tree: list) -> list[str]:
-    import psutil
-
-    alive = []
-    for process in tree:
-        try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(f"{process.pid} {process.name()}")
-        except psutil.NoSuchProcess:
-            pass
-    return alive
+def interrupt(process: subprocess.Popen, log_path: Path) -> None:
+    """Ctrl-C to `mrp serve`: it exits with 0 within a minute."""
+    stopped = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    try:
+        code = process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    print(f"stopped in {time.monotonic() - stopped:.1f} s")
+    assert code == 0, log_path.read_text()[-3000:]
 
 
 def test_mrp_serve_with_the_openai_client(tmp_path):
@@ -205,14 +213,25 @@ def test_mrp_serve_with_the_openai_client(tmp_path):
               f"({tokens / delta['mrp_dlm_forwards']:.2f} tokens per forward), "
               f"{delta['mrp_dlm_accepted_drafts'] / max(delta['mrp_dlm_draft_rounds'], 1):.2f} "
               "drafts accepted per round")
+        burst(client)
     finally:
-        stopped = time.monotonic()
-        process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-    print(f"stopped in {time.monotonic() - stopped:.1f} s")
-    assert code == 0, log_path.read_text()[-3000:]
+        interrupt(process, log_path)
     assert left_running(tree) == []
+    check_restart(port, tmp_path / "restart.log")
+
+
+def check_restart(port: int, log_path: Path) -> None:
+    """`mrp serve` on the same port at once, while the loaded run's TIME-WAIT connections
+    hold it (a plain bind is refused), answers a request and stops."""
+    import openai
+
+    assert time_wait_count(port) > 0, "the loaded run left no TIME-WAIT connection to test"
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))
+    process = start_server(port, log_path)
+    try:
+        wait_for_banner(process, log_path)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        assert served(client, PROMPTS[0], True)[1]
+    finally:
+        interrupt(process, log_path)
