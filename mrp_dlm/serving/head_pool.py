@@ -103,6 +103,19 @@ class ContextLayer:
         return self.keys[:, :, :width], self.values[:, :, :width]
 
 
+@dataclass(frozen=True)
+class ContextKeys:
+    """The `HeadKeys` of one head call over a context; with `slots`, a store."""
+
+    context: "HeadContext"
+    slots: Optional[torch.Tensor] = None  # (R*L,) int64 pool slots of the call's tokens
+
+    def layer(self, index: int) -> ContextLayer:
+        context = self.context
+        return ContextLayer(context.keys[index], context.values[index], context.prefix,
+                            context.pool.keys[index], context.pool.values[index], self.slots)
+
+
 class HeadContext:
     """The head on the current block of R requests: `HeadSteps` for the MRP steps
     (`decoding/head_cache.py`), and `store` for blocks reported done."""
@@ -126,16 +139,13 @@ class HeadContext:
         keys_valid = torch.cat((prefix_valid, own), dim=1)  # (R, P + L)
         self.mask = keys_valid[:, None, :].expand(R, L, P + L)  # (R, L, P + L)
         self.prefix = P
-        self.store_slots: Optional[torch.Tensor] = None  # (R*L,) while a store runs
 
-    def layer(self, index: int) -> ContextLayer:
-        return ContextLayer(self.keys[index], self.values[index], self.prefix,
-                            self.pool.keys[index], self.pool.values[index], self.store_slots)
-
-    def residual(self, tokens: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
-        """h_C (R, L, H) of block states tokens (R, L) from h_in (R, L, H)."""
+    def residual(self, tokens: torch.Tensor, hidden_in: torch.Tensor,
+                 store: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """h_C (R, L, H) of block states tokens (R, L) from h_in (R, L, H); with `store`
+        (R*L,) slots, the call's keys also go to the pool there."""
         return self.head(self.host, tokens, hidden_in, self.positions,
-                         HeadAttention(self, self.mask, self.prefix))
+                         HeadAttention(ContextKeys(self, store), self.mask, self.prefix))
 
     def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -146,11 +156,7 @@ class HeadContext:
     def store(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> None:
         """Write the head's keys of clean blocks tokens (R, L) with the store forward's
         hidden states (R, L, H) to the pool at their KV slots (R, L)."""
-        self.store_slots = slots.reshape(-1).long()
-        try:
-            self.residual(tokens, hidden)
-        finally:
-            self.store_slots = None
+        self.residual(tokens, hidden, slots.reshape(-1).long())
 
 
 def request_context(pool: HeadPool, head: MRPHead, host: HeadBackbone, model_runner: Any,

@@ -20,6 +20,7 @@ Three engine start-ups in all (one per algorithm); each serves the solo and batc
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -38,6 +39,7 @@ from mrp_dlm.model.head import MRPHead  # noqa: E402
 from mrp_dlm.model.head_loading import load_head, save_head  # noqa: E402
 from mrp_dlm.model.loading import save_backbone  # noqa: E402
 from reference import reference_decode, robust_case  # noqa: E402
+from mrp_dlm.serving.head_pool import head_bytes_per_token  # noqa: E402
 from reference_mrp import reference_mrp_generate  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]  # an SGLang engine start: 30-70 s
@@ -104,26 +106,34 @@ def our_rule(checkpoint):
     return generate(model, PROMPTS, RULE, make_decoder(RULE, None))
 
 
-def serve_solo_and_batched(checkpoint, algorithm: str, config: str, capfd, prompts=PROMPTS):
-    """(solo outputs, batched outputs, tokens per forward of the batched run)."""
+@dataclass(frozen=True)
+class Served:
+    solo: list[list[int]]  # each prompt alone
+    batched: list[list[int]]  # all prompts in one batch, after the solo runs
+    rate: float  # tokens per forward of the batched run
+    log: str  # the engine's log up to the batched run (start-up and solo runs)
+
+
+def serve_solo_and_batched(checkpoint, algorithm: str, config: str, capfd,
+                           prompts=PROMPTS) -> Served:
     engine = start_engine(checkpoint / "model", algorithm, checkpoint / config)
     try:
         solo = [generate_ids(engine, [prompt], MAX_NEW)[0] for prompt in prompts]
-        capfd.readouterr()
+        log = capfd.readouterr().err
         batched = generate_ids(engine, prompts, MAX_NEW)
         rate = tokens_per_forward(batched, capfd.readouterr().err)
     finally:
         stop_engine(engine)
-    return solo, batched, rate
+    return Served(solo, batched, rate, log)
 
 
 def test_speculative_equals_low_confidence_solo_and_batched(checkpoint, capfd):
-    low_solo, low_batched, low_rate = serve_solo_and_batched(checkpoint, "LowConfidence",
-                                                             "low.yaml", capfd)
+    low = serve_solo_and_batched(checkpoint, "LowConfidence", "low.yaml", capfd)
+    low_solo, low_batched, low_rate = low.solo, low.batched, low.rate
     assert low_solo == low_batched
     assert all(len(row) > 0 for row in low_solo)
-    spec_solo, spec_batched, spec_rate = serve_solo_and_batched(checkpoint, "MrpSpeculative",
-                                                                "mrp.yaml", capfd)
+    spec = serve_solo_and_batched(checkpoint, "MrpSpeculative", "mrp.yaml", capfd)
+    spec_solo, spec_batched, spec_rate = spec.solo, spec.batched, spec.rate
     assert spec_solo == low_solo
     assert spec_batched == low_batched
     ours = our_rule(checkpoint)
@@ -142,11 +152,17 @@ def test_speculative_equals_low_confidence_solo_and_batched(checkpoint, capfd):
 
 
 def test_direct_equals_our_direct_decoder_solo_and_batched(checkpoint, capfd):
-    solo, batched, _ = serve_solo_and_batched(checkpoint, "MrpDirect", "direct.yaml", capfd,
-                                              DIRECT_PROMPTS)
+    served = serve_solo_and_batched(checkpoint, "MrpDirect", "direct.yaml", capfd,
+                                    DIRECT_PROMPTS)
     model = load_backbone(checkpoint / "model")
     head = load_head(checkpoint / "random-head", model)
     ours = generate(model, DIRECT_PROMPTS, DIRECT, make_decoder(DIRECT, head)).token_ids
     assert any(len(p) > model.config.block_size for p in DIRECT_PROMPTS)
-    assert [trim_after_stop(row, (97,), MAX_NEW) for row in solo] == ours
-    assert [trim_after_stop(row, (97,), MAX_NEW) for row in batched] == ours
+    assert [trim_after_stop(row, (97,), MAX_NEW) for row in served.solo] == ours
+    assert [trim_after_stop(row, (97,), MAX_NEW) for row in served.batched] == ours
+    # The head's pool is planned into SGLang's per-token KV size, and allocated (1 layer
+    # x 2 x 2 kv heads x 8 head dim x 4 bytes = 128 bytes per token here).
+    per_token = head_bytes_per_token(1, model.config.num_kv_heads, model.config.head_dim,
+                                     torch.float32)
+    assert f"+ {per_token} for the MRP head's 1 layers" in served.log
+    assert f"x {per_token} bytes per token" in served.log
