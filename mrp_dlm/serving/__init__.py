@@ -12,6 +12,7 @@ point (`plugin.load`). Module map:
   direct.py        MrpDirect (lossy, up to 1 + K tokens per forward)
   verify_batch.py  K + 1 candidates as extra rows of one forward (SGLang internals, gated)
   head_host.py     the head on an SGLang model's shared weights; fingerprint-checked loading
+  head_pool.py     the head's keys of earlier blocks: a pool by KV slot, the head's steps
   sdar_config.py   model_type `sdar` for transformers
   models/          SGLang model classes (our SDARForCausalLM)
   stats.py         serving stats per algorithm: a scheduler hook -> log line, metrics

@@ -11,6 +11,10 @@ Errors, each with a message that says what to do:
   0 into top_k 1, so a request with top_k != 1 is refused there with HTTP 400 and a message
   that says how to fix it.
 
+The head's keys of earlier blocks live in a pool of the plugin's own (`head_pool.py`),
+created at the first call: every call builds the head steps of its requests over it
+(`head_context`) and writes the keys of the blocks it reports done (`store_blocks`).
+
 Deliberately not here: the per-round logic (see `speculative.py`, `direct.py`).
 
 Shapes: L block size, H hidden, V vocab.
@@ -25,6 +29,7 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
 from mrp_dlm.serving.config import MrpServingConfig, ServingConfigError
+from mrp_dlm.serving.head_pool import HeadContext, HeadPool, block_slots, request_context
 from mrp_dlm.serving.verify_batch import check_sglang_version
 
 
@@ -45,6 +50,7 @@ class MrpAlgorithm(DllmAlgorithm):
         self.serving = MrpServingConfig.from_mapping(dict(config.algorithm_config))
         self.serving.head_directory()
         self.lookahead = self.serving.lookahead
+        self.pool: Optional[HeadPool] = None  # the head's keys by KV slot, from the first call
 
     @classmethod
     def configure_server_args(cls, server_args: Any) -> None:
@@ -73,6 +79,25 @@ class MrpAlgorithm(DllmAlgorithm):
                                "with its head loaded; is the mrp-dlm plugin installed and "
                                "SGLANG_PLUGINS (if set) naming it?")
         return head, host
+
+    def head_context(self, model_runner: Any, forward_batch: Any,
+                     requests: list[int]) -> HeadContext:
+        """The head on the current block of the batch's `requests`, over the head pool."""
+        head, host = self.model_parts(model_runner)
+        if self.pool is None:
+            self.pool = HeadPool.for_runner(model_runner, head)
+        return request_context(self.pool, head, host, model_runner, forward_batch, requests)
+
+    def store_blocks(self, model_runner: Any, forward_batch: Any, requests: list[int],
+                     tokens: torch.Tensor, hidden: torch.Tensor) -> None:
+        """The head's keys of the blocks this call reports done, in one head forward: the
+        requests' clean blocks tokens (R, L) and the hidden states (R, L, H) of the forward
+        that wrote their clean KV, to the blocks' KV slots."""
+        if not requests:
+            return
+        context = self.head_context(model_runner, forward_batch, requests)
+        context.store(tokens, hidden, block_slots(model_runner, forward_batch, requests,
+                                                  self.block_size))
 
 
 GREEDY_REASONS = {  # why an algorithm decodes greedily, for its refusal of sampling

@@ -5,7 +5,9 @@ each committing one more token from A + sum C, unverified (`decoding.direct.dire
 the library decoder's own step, greedy, on one row per request): up to 1 + K tokens per
 forward.
 The block is done at the first forward that sees it without masks (that forward wrote its
-clean KV), exactly as `LowConfidence` finishes a block.
+clean KV), exactly as `LowConfidence` finishes a block; the head's keys of the block are
+written then, from that forward's hidden states (`base.MrpAlgorithm.store_blocks`). The
+head steps attend to those keys of every earlier block, as the library's (`head_pool.py`).
 
 Deliberately not here: SGLang batch surgery (see `verify_batch.py`); the head's weights
 (see `head_host.py`).
@@ -32,7 +34,7 @@ class MrpDirect(MrpAlgorithm):
                                      "MrpSpeculative's")
 
     def run(self, model_runner, forward_batch, algo_states=None):
-        head, host = self.model_parts(model_runner)
+        host = self.model_parts(model_runner)[1]
         B, L = forward_batch.batch_size, self.block_size
         block = forward_batch.input_ids.view(B, L).clone()  # (B, L)
         algo_states = algo_states or [None] * B
@@ -41,11 +43,17 @@ class MrpDirect(MrpAlgorithm):
         out, logits, hidden = run_rows(model_runner, forward_batch, L)
         eligible = (block == self.mask_id) & ~prompt  # (B, L)
         done = ~eligible.any(dim=1)  # (B,)
-        positions = forward_batch.positions.view(B, L).long()
-        step = Step(index=0, quota=1, rows=BlockRows(block, eligible, positions),
-                    base=BackboneStep(hidden, logits))
-        block = torch.where(done[:, None], block, direct_step(head, host, step, self.lookahead))
-        forward_batch.input_ids.copy_(block.view(-1).to(forward_batch.input_ids.dtype))
         done_list = done.tolist()
+        if not all(done_list):
+            positions = forward_batch.positions.view(B, L).long()
+            step = Step(index=0, quota=1, rows=BlockRows(block, eligible, positions),
+                        base=BackboneStep(hidden, logits))
+            context = self.head_context(model_runner, forward_batch, list(range(B)))
+            block = torch.where(done[:, None], block,
+                                direct_step(context, host, step, self.lookahead))
+        finished = [i for i, d in enumerate(done_list) if d]
+        self.store_blocks(model_runner, forward_batch, finished, block[finished],
+                          hidden[finished])
+        forward_batch.input_ids.copy_(block.view(-1).to(forward_batch.input_ids.dtype))
         return (out.logits_output, block.tolist(), [L if d else 0 for d in done_list],
                 [None if d else prompt[i] for i, d in enumerate(done_list)], out.can_run_graph)

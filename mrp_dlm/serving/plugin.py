@@ -17,7 +17,11 @@ It then
 - hooks the scheduler's dLLM result processing to count the serving stats of
   MrpSpeculative, MrpDirect and LowConfidence on SDAR models (`stats.py`: log and metrics);
 - hooks the OpenAI endpoints so `--preferred-sampling-params` applies to the fields a
-  request leaves out, as it does on `/generate` (`request_defaults.py`).
+  request leaves out, as it does on `/generate` (`request_defaults.py`);
+- hooks SGLang's per-token KV size (`DefaultPoolConfigurator._compute_cell_size`) to add
+  the head's keys and values per token when an MRP algorithm serves, so that the KV pool
+  SGLang sizes from free memory leaves room for the head's pool (`head_pool.py`: one row
+  per KV slot).
 Nothing of SGLang is patched on disk. Importing this module imports no SGLang code.
 
 Deliberately not here: the algorithms and the model class.
@@ -52,6 +56,7 @@ def load() -> None:
     register_sdar_config()
     register_stats_hook()
     register_request_defaults()
+    register_head_pool_hook()
 
 
 def register_algorithms() -> None:
@@ -110,3 +115,34 @@ def block_facts_hook(result, server_args, *args, **kwargs):
     # `mask_id` is SGLang's DllmConfig field (its algorithms and requests read it): not ours
     result.block_size, result.mask_id = facts.block_size, facts.mask_token_id
     return result
+
+
+CELL_SIZE = ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator."
+             "_compute_cell_size")
+
+
+def register_head_pool_hook() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(CELL_SIZE, head_cell_size_hook, HookType.AFTER)
+
+
+def head_cell_size_hook(result, configurator, kvc, *args, **kwargs):
+    """After SGLang's KV bytes per token: plus the MRP head's (its pool has a row per slot)."""
+    from sglang.srt.runtime_context import get_exec
+
+    from mrp_dlm.model.head_loading import read_head_meta
+    from mrp_dlm.serving.config import load_serving_config
+    from mrp_dlm.serving.head_pool import head_bytes_per_token
+
+    dllm = get_exec().dllm
+    if result is None or dllm.dllm_algorithm not in ALGORITHMS or kvc.is_draft_worker:
+        return result
+    head_config, _ = read_head_meta(load_serving_config(dllm.dllm_algorithm_config)
+                                    .head_directory())
+    model = kvc.model_config
+    extra = head_bytes_per_token(head_config.num_layers, model.get_num_kv_heads(1),
+                                 model.head_dim, model.dtype)
+    log.info("KV bytes per token: %d for the backbone + %d for the MRP head's %d layers",
+             result, extra, head_config.num_layers)
+    return result + extra

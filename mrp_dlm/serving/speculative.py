@@ -8,8 +8,10 @@ Each `run()` does one forward in which every request has one or more rows:
   or slots ran short: the one-row static fallback) forwards its accepted state alone,
   which gives the seed.
 Then, per request: the block is done when its accepted state has no masks left AND its
-own row forwarded exactly that state (so the clean KV sits in the block's real slots);
-a clean block whose own row held another state is stored by one more single-row forward;
+own row forwarded exactly that state (so the clean KV sits in the block's real slots; the
+head's keys of the block are written then from that row's hidden states, one head forward
+for all requests done in the call, see `head_pool.py`); a clean block whose own row held
+another state is stored by one more single-row forward;
 otherwise the head drafts S_1 .. S_m from the seed (m <= M: drafting stops once no
 request has a mask left), S_1 (the backbone's own threshold step) is accepted at once, and
 the own row carries S_m next round. So a request without
@@ -45,6 +47,7 @@ from mrp_dlm.decoding.sampling import SamplingConfig, select_rows
 from mrp_dlm.decoding.speculative import Drafts, accept, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.head_pool import HeadContext
 from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.stats import stats_of
 from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
@@ -75,7 +78,6 @@ class MrpSpeculative(MrpAlgorithm):
         self.last_draft = (0, 0.0)  # head steps and seconds of the last (probe) drafting
 
     def run(self, model_runner, forward_batch, algo_states=None):
-        head, host = self.model_parts(model_runner)
         B, L = forward_batch.batch_size, self.block_size
         bucket = 1 << (B - 1).bit_length()  # 1, 2, 4, 8, ...: costs are kept per bucket
         probe = self.planner.probe(bucket)
@@ -95,8 +97,9 @@ class MrpSpeculative(MrpAlgorithm):
         positions = forward_batch.positions.view(B, L).long()  # (B, L)
         sampling = batch_sampling(forward_batch, positions.device)
         seeds = self.settle(states, rounds, logits, hidden, positions, sampling)
-        done = self.finish_or_draft(head, host, states, rounds, seeds, positions, sampling,
-                                    1 + self.planner.drafts(bucket), timer)
+        done = self.finish_or_draft(model_runner, forward_batch, states, rounds, seeds,
+                                    sampling, 1 + self.planner.drafts(bucket), timer)
+        self.store_done(model_runner, forward_batch, states, rounds, hidden, done)
         next_ids = [state.accepted if d or state.drafts is None else state.drafts.states[0, -1]
                     for state, d in zip(states, done)]
         forward_batch.input_ids.copy_(torch.stack(next_ids).view(-1))
@@ -161,9 +164,9 @@ class MrpSpeculative(MrpAlgorithm):
             row += m
         return seeds
 
-    def finish_or_draft(self, head, host, states: list[BlockState], rounds: list[Round],
-                        seeds, positions: torch.Tensor, sampling: SamplingConfig,
-                        copies: int, timer: Timer) -> list[bool]:
+    def finish_or_draft(self, model_runner, forward_batch, states: list[BlockState],
+                        rounds: list[Round], seeds, sampling: SamplingConfig, copies: int,
+                        timer: Timer) -> list[bool]:
         """Done blocks, stores, and new drafts (one batched head chain) for the rest.
 
         Draft 1 is the backbone's own step on the seed, so it is accepted at once: even
@@ -180,25 +183,39 @@ class MrpSpeculative(MrpAlgorithm):
                 done.append(False)  # store: the next round forwards the clean block alone
         if to_draft:
             timer.start()
-            m = self.draft_for(head, host, [states[i] for i in to_draft],
-                               [seeds[i] for i in to_draft], positions[to_draft],
-                               select_rows(sampling, to_draft), copies)
+            context = self.head_context(model_runner, forward_batch, to_draft)
+            m = self.draft_for(context, [states[i] for i in to_draft],
+                               [seeds[i] for i in to_draft], select_rows(sampling, to_draft),
+                               copies)
             self.last_draft = (m - 1, timer.stop())
         return done
 
     def open_positions(self, state: BlockState) -> torch.Tensor:
         return (state.accepted == self.mask_id) & ~state.prompt  # (L,)
 
-    def draft_for(self, head, host, states: list[BlockState], seeds, positions: torch.Tensor,
+    def store_done(self, model_runner, forward_batch, states: list[BlockState],
+                   rounds: list[Round], hidden: torch.Tensor, done: list[bool]) -> None:
+        """The head's keys of the blocks done in this call, from their own rows' hidden
+        states (the own row comes last among a request's rows and forwarded the clean block)."""
+        finished = [i for i, d in enumerate(done) if d]
+        if not finished:
+            return
+        own = torch.tensor([r.states.shape[0] for r in rounds]).cumsum(0) - 1  # (B,) own rows
+        self.store_blocks(model_runner, forward_batch, finished,
+                          torch.stack([states[i].accepted for i in finished]),
+                          hidden[own[finished].to(hidden.device)])
+
+    def draft_for(self, context: HeadContext, states: list[BlockState], seeds,
                   sampling: SamplingConfig, copies: int) -> int:
         """Draft `copies` candidates (fewer once no request has a mask left) for every
-        request in one batched head chain; returns how many were drafted."""
+        request in one batched head chain over `context` (the head on these requests'
+        blocks); returns how many were drafted."""
         block = torch.stack([s.accepted for s in states])  # (R, L)
         eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
         seed = BackboneStep(hidden=torch.stack([hidden for _, hidden in seeds]),
                             logits=torch.stack([logits for logits, _ in seeds]))
-        drafts = draft(head, host, seed, BlockRows(block, eligible, positions), copies,
-                       self.threshold, sampling)
+        rows = BlockRows(block, eligible, context.positions)
+        drafts = draft(context, context.host, seed, rows, copies, self.threshold, sampling)
         for row, state in enumerate(states):
             state.accepted = drafts.states[row, 0]  # the backbone's own step: exact
             if bool(self.open_positions(state).any()):

@@ -9,7 +9,11 @@ held another state than the committed one, changes the output.
 
 The scheduler drives `DllmAlgorithm.run` like SGLang's FDFO loop: every request forwards
 its current block each round; accept length L commits the block (prompt tail excluded),
-0 carries the returned block and state to the next round. After each round it reports the
+0 carries the returned block and state to the next round. As in SGLang 0.5.23 for SDAR
+(no separate context encoding), a prompt's full blocks are forwarded one block per round
+through the algorithm, each reported done at once, before the block the prompt's tail
+shares with the first masks; so the algorithms write the head's keys of prompt blocks in
+those calls, as they do in SGLang (`mrp_dlm/serving/head_pool.py`). After each round it reports the
 round's requests to the algorithm's serving stats (`mrp_dlm.serving.stats`), as the
 plugin's hook on SGLang's scheduler does.
 

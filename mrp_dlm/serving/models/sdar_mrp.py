@@ -11,9 +11,10 @@ Differences from SGLang's class, all for dLLM forwards only:
 - `load_weights` skips a published release's head tensors (`mrp_modules.*`, see
   `model/release.py`): `mrp serve` serves a release through an SDAR view of its files.
 
-The head runs as plain PyTorch inside the block (no radix attention, no KV cache); its
-tensors never pass through SGLang's `load_weights`, whose substring remapping would rename
-them.
+The head runs as plain PyTorch (no radix attention); its keys of earlier blocks live in the
+algorithms' own pool (`head_pool.py`), which the algorithms fill, since every dLLM forward,
+prompt blocks included, goes through them. Its tensors never pass through SGLang's
+`load_weights`, whose substring remapping would rename them.
 
 Deliberately not here: the decoding algorithms (see `speculative.py`, `direct.py`).
 

@@ -1,0 +1,189 @@
+"""The MRP head's keys and values inside SGLang: a preallocated pool of the plugin's own,
+indexed by SGLang's KV slot ids, and the head's steps on the current block of a batch.
+
+The head attends like the backbone (`model/head.py`): within its block and to its own keys
+and values of every earlier block. An earlier block's keys are the head run on the block's
+clean tokens with h_in = the backbone's hidden states of the forward that wrote the block's
+clean KV, each block seeing the blocks before it. Under SDAR every block of a request runs
+through the dLLM algorithm (SGLang forwards a prompt's full blocks one per dLLM forward,
+prefix-cached, before the first block with masks), so the algorithm writes a block's head
+keys in the call where it reports the block done (`store`), batched over the requests done
+in that call.
+
+The pool is indexed as SGLang's own KV pool is: row s holds the head's keys of the token
+whose backbone KV sits in slot s (`req_to_token[request row, position]`). A prefix that
+SGLang's radix cache hands to a new request therefore brings its head keys along, and a
+block's keys are written exactly when its backbone KV becomes final. The pool is allocated
+once, sized from SGLang's token pool, and never grown; SGLang leaves room for it because the
+plugin adds its bytes to SGLang's per-token KV size (`head_bytes_per_token`, see plugin.py).
+Memory per token: head layers * 2 (keys, values) * nkv * hd * dtype bytes.
+
+A head call on R requests gathers each request's keys of slots [0, block start) into a
+tensor padded to the longest with masked slots (P), and its own block's keys follow them
+(slots P .. P + L). A masked key adds exactly nothing to attention, so this equals the
+library's `HeadCache` (left-padded rows) up to float rounding.
+
+Deliberately not here: when a block is done or a head step runs (see `direct.py`,
+`speculative.py`), the head's layers (`model/head.py`).
+
+Shapes: R requests of a call, P prefix slots (the longest request's), L block size,
+T tokens of a head call, S pool slots, nkv key/value heads, hd head dim, H hidden.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from mrp_dlm.model.head import HeadAttention, HeadBackbone, MRPHead
+
+log = logging.getLogger(__name__)
+
+
+def head_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
+                         dtype: torch.dtype) -> int:
+    """Bytes the head's keys and values take per token slot."""
+    return num_layers * 2 * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class HeadPool:
+    """keys/values (layers, S, nkv, hd): the head's keys of the token in SGLang's KV slot s."""
+
+    def __init__(self, num_layers: int, slots: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (num_layers, slots, num_kv_heads, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (layers, S, nkv, hd)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)  # (layers, S, nkv, hd)
+
+    @property
+    def slots(self) -> int:
+        return self.keys.shape[1]
+
+    @classmethod
+    def for_runner(cls, model_runner: Any, head: MRPHead) -> "HeadPool":
+        """A pool over every slot id of the runner's KV allocator (ids < size + page size)."""
+        allocator = model_runner.token_to_kv_pool_allocator
+        slots = allocator.size + getattr(allocator, "page_size", 1)
+        cfg, weight = head.backbone_config, head.fuse.weight
+        pool = cls(head.config.num_layers, slots, cfg.num_kv_heads, cfg.head_dim, weight.dtype,
+                   weight.device)
+        per_token = head_bytes_per_token(head.config.num_layers, cfg.num_kv_heads,
+                                         cfg.head_dim, weight.dtype)
+        log.info("MRP head KV pool: %d slots x %d bytes per token (%d layers x 2 x %d kv heads "
+                 "x %d head dim x %s) = %.1f MiB", slots, per_token, head.config.num_layers,
+                 cfg.num_kv_heads, cfg.head_dim, weight.dtype, slots * per_token / 2**20)
+        return pool
+
+
+@dataclass
+class ContextLayer:
+    """One head layer's keys for a call: the gathered prefix, then the call's own keys.
+    With `slots`, the call's keys are also written to the pool (a store)."""
+
+    keys: torch.Tensor  # (R, nkv, P + L, hd)
+    values: torch.Tensor  # (R, nkv, P + L, hd)
+    prefix: int  # P
+    pool_keys: torch.Tensor  # (S, nkv, hd) this layer's pool
+    pool_values: torch.Tensor  # (S, nkv, hd)
+    slots: Optional[torch.Tensor] = None  # (R*T,) int64 pool slots of the call's tokens
+
+    def write_and_read(self, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor,
+                       width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        T = k.shape[2]
+        self.keys[:, :, self.prefix:self.prefix + T] = k
+        self.values[:, :, self.prefix:self.prefix + T] = v
+        if self.slots is not None:
+            R, nkv, _, hd = k.shape
+            self.pool_keys.index_copy_(0, self.slots, k.transpose(1, 2).reshape(R * T, nkv, hd))
+            self.pool_values.index_copy_(0, self.slots,
+                                         v.transpose(1, 2).reshape(R * T, nkv, hd))
+        return self.keys[:, :, :width], self.values[:, :, :width]
+
+
+@dataclass(frozen=True)
+class ContextKeys:
+    """The `HeadKeys` of one head call over a context; with `slots`, a store."""
+
+    context: "HeadContext"
+    slots: Optional[torch.Tensor] = None  # (R*L,) int64 pool slots of the call's tokens
+
+    def layer(self, index: int) -> ContextLayer:
+        context = self.context
+        return ContextLayer(context.keys[index], context.values[index], context.prefix,
+                            context.pool.keys[index], context.pool.values[index], self.slots)
+
+
+class HeadContext:
+    """The head on the current block of R requests: `HeadSteps` for the MRP steps
+    (`decoding/head_cache.py`), and `store` for blocks reported done."""
+
+    def __init__(self, pool: HeadPool, head: MRPHead, host: HeadBackbone,
+                 prefix_slots: torch.Tensor, prefix_valid: torch.Tensor,
+                 positions: torch.Tensor) -> None:
+        """prefix_slots, prefix_valid: (R, P) pool slots of each request's earlier blocks and
+        which are real (False pads the shorter prefixes); positions: (R, L) of the block."""
+        self.pool, self.head, self.host, self.positions = pool, head, host, positions
+        R, P = prefix_slots.shape
+        L = positions.shape[1]
+        layers, _, nkv, hd = pool.keys.shape
+        shape = (layers, R, nkv, P + L, hd)
+        self.keys = pool.keys.new_empty(shape)  # (layers, R, nkv, P + L, hd)
+        self.values = pool.values.new_empty(shape)  # (layers, R, nkv, P + L, hd)
+        # (layers, R, P, nkv, hd) gathered -> (layers, R, nkv, P, hd)
+        self.keys[:, :, :, :P] = pool.keys[:, prefix_slots].permute(0, 1, 3, 2, 4)
+        self.values[:, :, :, :P] = pool.values[:, prefix_slots].permute(0, 1, 3, 2, 4)
+        own = torch.ones(R, L, dtype=torch.bool, device=positions.device)  # (R, L)
+        keys_valid = torch.cat((prefix_valid, own), dim=1)  # (R, P + L)
+        self.mask = keys_valid[:, None, :].expand(R, L, P + L)  # (R, L, P + L)
+        self.prefix = P
+
+    def residual(self, tokens: torch.Tensor, hidden_in: torch.Tensor,
+                 store: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """h_C (R, L, H) of block states tokens (R, L) from h_in (R, L, H); with `store`
+        (R*L,) slots, the call's keys also go to the pool there."""
+        return self.head(self.host, tokens, hidden_in, self.positions,
+                         HeadAttention(ContextKeys(self, store), self.mask, self.prefix))
+
+    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rows is not None:
+            raise ValueError("the serving head steps run on every request of their context")
+        return accumulator + self.residual(tokens, accumulator)
+
+    def store(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write the head's keys of clean blocks tokens (R, L) with the store forward's
+        hidden states (R, L, H) to the pool at their KV slots (R, L)."""
+        self.residual(tokens, hidden, slots.reshape(-1).long())
+
+
+def request_context(pool: HeadPool, head: MRPHead, host: HeadBackbone, model_runner: Any,
+                    forward_batch: Any, requests: list[int]) -> HeadContext:
+    """The HeadContext of the batch's `requests` (indices into the ForwardBatch) on their
+    current block: their earlier blocks' slots come from SGLang's request table."""
+    L = host.config.block_size
+    device = pool.keys.device
+    index = torch.tensor(requests, dtype=torch.long)  # (R,)
+    lengths = torch.tensor([int(forward_batch.extend_prefix_lens_cpu[i]) for i in requests],
+                           dtype=torch.long)  # (R,) block start = earlier tokens
+    P = int(lengths.max()) if requests else 0
+    table = model_runner.req_to_token_pool.req_to_token  # (rows, max context)
+    rows = forward_batch.req_pool_indices.to(table.device)[index.to(table.device)].long()  # (R,)
+    ids = table[rows, :P].long().to(device)  # (R, P)
+    valid = (torch.arange(P)[None, :] < lengths[:, None]).to(device)  # (R, P)
+    positions = forward_batch.positions.view(-1, L)[index.to(forward_batch.positions.device)]
+    return HeadContext(pool, head, host, torch.where(valid, ids, 0), valid,
+                       positions.long().to(device))  # positions (R, L)
+
+
+def block_slots(model_runner: Any, forward_batch: Any, requests: list[int],
+                block_size: int) -> torch.Tensor:
+    """(R, L) KV slots of the requests' current blocks (their own request-table rows)."""
+    table = model_runner.req_to_token_pool.req_to_token  # (rows, max context)
+    rows = forward_batch.req_pool_indices.to(table.device).long()[requests]  # (R,)
+    starts = torch.tensor([int(forward_batch.extend_prefix_lens_cpu[i]) for i in requests],
+                          device=table.device)  # (R,)
+    columns = starts[:, None] + torch.arange(block_size, device=table.device)  # (R, L)
+    return table[rows[:, None], columns].long()  # (R, L)
