@@ -45,7 +45,9 @@ REFERENCE = DecodeConfig(mode="dynamic", threshold=0.9)  # the wall-clock refere
 def head_named(name: str, pipe: Pipeline) -> MRPHead:
     if name == ZERO:
         return MRPHead(pipe.model.config, HeadConfig(num_layers=1)).eval()
-    return load_head(name, pipe.model).eval()
+    # A head saved before heads attended to the context runs here as the context-attending
+    # head it now is (its weights were trained for its block only).
+    return load_head(name, pipe.model, block_only=True).eval()
 
 
 def decode_all(pipe: Pipeline, prompts: list[list[int]], config: DecodeConfig,
