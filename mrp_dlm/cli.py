@@ -304,8 +304,9 @@ def add_eval_parsers(commands) -> dict[str, list[str]]:
     add_task_flags(grid, None, f"{BENCH_BATCH_SIZE}; {PARETO_BATCH_SIZE} with --pareto")
     grid.add_argument("--pareto", action="store_true",
                       help="judge every mode at matched speed: the default grid becomes the "
-                           "Pareto sweeps (dynamic over τ, direct over K, remask over τ, entropy "
-                           "over its bound, speculative:3@0.9; eval/pareto.py), the default "
+                           "Pareto sweeps (dynamic over τ, direct over K, the chain remask rule "
+                           "over τ, the paper rule over τ at several δ, entropy over its bound, "
+                           "speculative:3@0.9; eval/pareto.py), the default "
                            f"batch size {PARETO_BATCH_SIZE}, and the printed table each row "
                            "against the head-free frontier (dynamic) at its own speed")
     grid.add_argument("--grid", default=None,
@@ -313,7 +314,9 @@ def add_eval_parsers(commands) -> dict[str, list[str]]:
                            "threshold (dynamic, remask), the lookahead (direct, speculative) or "
                            "the entropy bound (entropy); speculative:K@T also sets the "
                            "threshold T of the rule it reproduces (T = 1: static), and that "
-                           "rule is run too; static is always run first "
+                           "rule is run too; remask-chain:T, remask-paper:T@D and "
+                           "remask-paper-context:T@D name the remask rule (D: remask_delta; "
+                           "remask:T takes --remask-rule); static is always run first "
                            f"(default: {DEFAULT_GRID}; with --pareto, the Pareto sweeps)")
     bench_fields = add_dataclass_flags(
         grid, DecodeConfig, skip=("stop_token_ids", "mode", *sorted(set(VALUE_FIELDS.values()))))

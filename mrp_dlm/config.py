@@ -22,6 +22,7 @@ STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only mod
 MRP_MODES = ("direct", "speculative", "remask")  # modes that need an MRP head
 LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
+REMASK_RULES = ("chain", "paper", "paper-context")  # see `decoding/remask.py`, `decoding/veto.py`
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class DecodeConfig:
     top_p: float = 1.0  # nucleus mass kept when sampling
     seed: int = 0  # sampling seed; a row's draws depend on it and the row's positions only
     lookahead: int = 3  # direct/speculative: MRP head steps per backbone forward (K)
+    remask_rule: str = "chain"  # remask: chain (keep the step's reveals while the head, run on the reveals before each, still finds it above threshold), paper (the v2 paper's residual veto: send back every proposal whose |C| at its token exceeds remask_delta, the head on the block alone as the official loop), paper-context (the same veto, the head attending to its keys of earlier blocks as trained)
+    remask_delta: float = 2.0  # δ of the paper remask rules: a proposal is vetoed when |C| at its token exceeds this
     adaptive: bool = True  # speculative: run only the head drafts that the measured acceptance and round cost say pay off (lookahead is the most); off: always lookahead
     stop_token_ids: tuple[int, ...] | None = None  # None means the model's stop ids
 
@@ -100,6 +103,11 @@ class DecodeConfig:
             self.check_lookahead(self.block_size)
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.remask_rule not in REMASK_RULES:
+            raise ValueError(f"unknown remask_rule {self.remask_rule!r}; choose one of "
+                             f"{', '.join(REMASK_RULES)}")
+        if self.remask_delta < 0:
+            raise ValueError(f"remask_delta must be >= 0, got {self.remask_delta}")
         if self.entropy_bound < 0:
             raise ValueError(f"entropy_bound must be >= 0, got {self.entropy_bound}")
         if self.max_new_tokens < 1:
@@ -110,6 +118,11 @@ class DecodeConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def vetoes(self) -> bool:
+        """remask with a paper rule: the head vetoes proposals by |C| (`decoding/veto.py`)."""
+        return self.mode == "remask" and self.remask_rule != "chain"
 
     def check_lookahead(self, block_size: int) -> None:
         """K head steps look ahead within one block: K beyond L only costs time."""
@@ -128,6 +141,10 @@ class DecodeConfig:
             raise ValueError("speculative decoding verifies one threshold step per forward "
                              f"(at least one token); steps must equal block_size ({block_size}) "
                              "or be unset")
+        if self.vetoes and steps != block_size:
+            raise ValueError("the paper remask rule reveals the dynamic rule's proposals (at "
+                             "least one) until the block is full; steps must equal block_size "
+                             f"({block_size}) or be unset")
         stops = model.stop_token_ids if self.stop_token_ids is None else self.stop_token_ids
         for token in stops:
             if not 0 <= token < model.vocab_size:

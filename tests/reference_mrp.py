@@ -29,6 +29,14 @@ Semantics (MRP_BRIEF §2, §4):
   block holding only the reveals kept before it (h_in = h_A), stays above threshold; the
   first that does not ends the step's reveals (fallback reveals, below threshold, and
   trusted ones, above `remask.TRUSTED_CONFIDENCE`, are kept unchecked).
+- remask, paper rules (`decoding/veto.py`): each step proposes as remask above (steps ==
+  block size, so the quota is 1: every masked position above threshold, else the most
+  confident); with two or
+  more proposals one head run on the block before the step (h_in = h_A; `paper`: the block
+  alone, `paper-context`: after the earlier blocks as above) gives C = lm_head(h_C); every
+  proposal with |C at its token| > remask_delta goes back to mask, and if none survives the
+  one with the smallest |C| stays (ties to the lower position). A lone proposal is kept
+  without a head run (a head skip).
 - Blocks, stop handling and trimming are those of `reference.py`.
 
 Deliberately not here: batching, caches, speed.
@@ -63,6 +71,8 @@ class Trace:
     revoked: int = 0  # remask: proposals sent back to mask
     confirmed: int = 0  # remask: reveals the head's check kept
     trusted: int = 0  # remask: reveals kept unchecked for their confidence
+    head_skips: int = 0  # paper remask: steps with one proposal, so no head run
+    fallbacks: int = 0  # paper remask: steps whose every proposal was vetoed
     margin: float = math.inf  # the smallest decision margin seen (see `reference.Margins`)
 
     def add_margin(self, value: float) -> None:
@@ -206,7 +216,8 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
         commit, margin = above_threshold(config.threshold, masked, confidence,
                                          quotas[min(step, steps - 1)])
         trace.add_margin(margin)
-        kept = chain_keep(model, head, sequence, start, hidden, proposals, commit, config, trace)
+        keep = veto_keep if config.vetoes else chain_keep
+        kept = keep(model, head, sequence, start, hidden, proposals, commit, config, trace)
         assert kept and set(kept) <= set(commit), "reference remask made no progress"
         trace.revoked += len(commit) - len(kept)
         for j in kept:
@@ -245,6 +256,37 @@ def chain_keep(model: Backbone, head: MRPHead, sequence: list[int], start: int, 
         kept.append(j)
     trace.head_calls += checked
     return kept
+
+
+@torch.no_grad()
+def veto_keep(model: Backbone, head: MRPHead, sequence: list[int], start: int,
+              hidden: torch.Tensor, proposals: dict, proposed: list[int], config: DecodeConfig,
+              trace: Trace) -> list[int]:
+    """The proposals that survive |C at the token| <= remask_delta, else the smallest |C|;
+    a lone proposal without a head run."""
+    trace.add_margin(min(proposals[j].margin for j in proposed))  # C is read at the token
+    if len(proposed) == 1:
+        trace.head_skips += 1
+        return proposed
+    L = len(hidden)
+    block = sequence[start:start + L]
+    if config.remask_rule == "paper-context":
+        residual = head_residual(model, head, sequence, block, hidden, start)  # (L, H)
+    else:
+        residual = head(model, torch.tensor([block]), hidden[None],
+                        torch.arange(start, start + L)[None])[0]  # (L, H), the block alone
+    trace.head_calls += 1
+    C = exact_logits(model, residual[None])[0]  # (L, V)
+    magnitude = {j: abs(C[j, proposals[j].token].item()) for j in proposed}
+    delta = config.remask_delta
+    trace.add_margin(min(abs(magnitude[j] - delta) for j in proposed))
+    kept = [j for j in proposed if magnitude[j] <= delta]
+    if kept:
+        return kept
+    trace.fallbacks += 1
+    ranked = sorted(proposed, key=lambda j: (magnitude[j], j))
+    trace.add_margin(magnitude[ranked[1]] - magnitude[ranked[0]])
+    return ranked[:1]
 
 
 BLOCK_DECODERS = {"direct": direct_block, "speculative": speculative_block,

@@ -82,11 +82,12 @@ class Counters:
     committed: torch.Tensor  # () int64
     histogram: torch.Tensor  # (M,) int64, speculative rounds by head drafts accepted
     row_forwards: torch.Tensor  # (2,) int64, row forwards: all, and denoise/verify only
+    vetoed: torch.Tensor  # () int64, remask proposals sent back to mask
 
     @classmethod
     def start(cls, copies: int, device: torch.device) -> "Counters":
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-        return cls(DecodeStats(), zeros(), zeros(copies), zeros(2))
+        return cls(DecodeStats(), zeros(), zeros(copies), zeros(2), zeros())
 
     def add_prefill(self, rows: int) -> None:
         self.stats.prefill_forwards += 1
@@ -105,6 +106,13 @@ class Counters:
 
     def add_commits(self, commit: torch.Tensor) -> None:
         self.committed += commit.sum()
+
+    def add_vetoes(self, proposed: torch.Tensor, kept: torch.Tensor) -> None:
+        """proposed, kept: (B, L) a remask step's proposals and the reveals it kept."""
+        self.vetoed += (proposed & ~kept).sum()
+
+    def add_head_skip(self) -> None:
+        self.stats.head_skips += 1
 
     def add_rounds(self, accepted: torch.Tensor, counted: torch.Tensor) -> None:
         """accepted: (B,) head drafts accepted per row; counted: (B,) rows that ran a round."""
@@ -337,6 +345,7 @@ def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule:
         out.append(trim(generated, schedule.stop_token_ids, schedule.mask_token_id))
     stats = counters.stats
     stats.committed = int(counters.committed)
+    stats.vetoed = int(counters.vetoed)
     stats.row_forwards, stats.row_denoise_forwards = counters.row_forwards.tolist()
     histogram = counters.histogram.tolist()
     stats.rounds, stats.accepted = sum(histogram), sum(i * n for i, n in enumerate(histogram))

@@ -8,6 +8,7 @@ from mrp_dlm.decoding.remask import RemaskDecoder
 from mrp_dlm.decoding.speculative import SpeculativeDecoder
 from mrp_dlm.decoding.step import Decoder
 from mrp_dlm.decoding.strategies import StrategyDecoder
+from mrp_dlm.decoding.veto import VetoDecoder
 from mrp_dlm.model.head import MRPHead
 
 MRP_DECODERS = {"direct": DirectDecoder, "speculative": SpeculativeDecoder,
@@ -19,4 +20,6 @@ def make_decoder(config: DecodeConfig, head: MRPHead | None = None) -> Decoder:
         return StrategyDecoder(config)
     if head is None:
         raise ValueError(f"mode {config.mode!r} needs an MRP head (--head DIR)")
+    if config.vetoes:
+        return VetoDecoder(config, head)
     return MRP_DECODERS[config.mode](config, head)

@@ -1,5 +1,6 @@
-"""Remask MRP decoding for the low-threshold dynamic regime: keep a step's reveals only while
-the head finds them consistent with each other.
+"""Remask MRP decoding by the chain rule (`--remask-rule chain`), for the low-threshold
+dynamic regime: keep a step's reveals only while the head finds them consistent with each
+other. The v2 paper's rule, a residual veto, is `veto.py` (`--remask-rule paper`).
 
 A threshold step commits every masked position above τ at once, each judged on the block
 before the step: two reveals can each be likely and yet not go together (on the embedded
@@ -28,6 +29,8 @@ decode's time by a quarter (fewer steps need a head pass). This rule replaced th
 published ones (re-score every reveal on the head run with all of them revealed; veto
 reveals whose residual logit |C| is large), which did no better than dynamic decoding at
 matched tokens per forward.
+
+Deliberately not here: the paper's residual veto (see `veto.py`).
 
 Shapes: B batch, L block size, H hidden, V vocab, N reveals checked in the batch.
 """
@@ -98,5 +101,6 @@ class RemaskDecoder:
                            rows.positions, draw_index(rows.tokens, context.schedule.mask_token_id))
         commit = select_dynamic(proposal.confidence, rows.eligible, step.quota,
                                 self.config.threshold)  # (B, L)
-        commit = self.keep(context, rows.tokens, step.base, proposal, commit)
-        return Advance(torch.where(commit, proposal.tokens, rows.tokens))
+        kept = self.keep(context, rows.tokens, step.base, proposal, commit)
+        context.counters.add_vetoes(commit, kept)
+        return Advance(torch.where(kept, proposal.tokens, rows.tokens))

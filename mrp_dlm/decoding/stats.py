@@ -15,6 +15,8 @@ class DecodeStats:
     store_forwards: int = 0  # denoise forwards that also wrote the previous block's keys/values
     head_forwards: int = 0  # MRP head forwards (each with one lm_head projection)
     head_store_forwards: int = 0  # head forwards that only wrote the head's keys of finished blocks
+    head_skips: int = 0  # paper remask: steps that ran no head forward (no row had two proposals, so no veto could change a reveal)
+    vetoed: int = 0  # remask: proposals sent back to mask, summed over rows
     tokens: int = 0  # generated tokens returned, summed over rows, after stop trimming
     committed: int = 0  # positions revealed by the decoder, summed over rows
     row_forwards: int = 0  # backbone forwards times the rows still generating in each

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import pareto, plots, provenance, store
-from mrp_dlm.eval.grid import LOSSLESS_MODES, grid_label, rule_of, setting_of
+from mrp_dlm.eval.grid import LOSSLESS_MODES, family_of, grid_label, rule_of, setting_of
 from mrp_dlm.eval.runner import (EvalResult, check_batch_size, check_config, collect, evaluate,
                                  evaluate_batches)
 from mrp_dlm.eval.tasks.common import Example, Task
@@ -181,7 +181,8 @@ def bench_row(scope: str, results: list[EvalResult], static: list[EvalResult],
     config = results[0].config
     n = sum(len(result.samples) for result in results)
     stats, static_rate = pooled_stats(results), pooled_stats(static).tokens_per_second
-    return {"task": scope, "mode": config.mode, "setting": setting_of(config),
+    return {"task": scope, "mode": config.mode, "family": family_of(config),
+            "setting": setting_of(config),
             "label": grid_label(config), "n": n,
             "accuracy": round(sum(s.correct for r in results for s in r.samples) / max(n, 1), 4),
             **stats.to_dict(),

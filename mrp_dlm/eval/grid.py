@@ -5,7 +5,10 @@ An entry is `mode` or `mode:value`. The value sets the one knob that distinguish
 settings (`VALUE_FIELDS`): the threshold of dynamic and remask, the lookahead K of direct
 and speculative, the entropy bound of entropy. Speculative also names the threshold of the
 rule it reproduces, `speculative:K@τ` (without `@τ`, the base config's threshold); its
-label always shows it. Every other knob comes from a base config.
+label always shows it. Remask entries name their rule, `remask-chain:τ` and
+`remask-paper:τ@δ` / `remask-paper-context:τ@δ` (without `@δ`, the base's remask_delta);
+a plain `remask:τ` takes the base config's rule, and its label names the rule. Every other
+knob comes from a base config.
 Static is always part of a grid and always first: every ratio is measured against it. A
 lossless mode's rule (`rule_of`: dynamic at τ, or static at τ = 1.0) joins the grid just
 before it when the spec leaves it out, so that every lossless row can be checked.
@@ -18,35 +21,58 @@ from __future__ import annotations
 
 import dataclasses
 
-from mrp_dlm.config import MODES, DecodeConfig
+from mrp_dlm.config import MODES, REMASK_RULES, DecodeConfig
 
 VALUE_FIELDS = {"dynamic": "threshold", "remask": "threshold", "direct": "lookahead",
                 "speculative": "lookahead", "entropy": "entropy_bound"}
 FIELD_TYPES = {"threshold": float, "lookahead": int, "entropy_bound": float}
 TYPE_NAMES = {float: "a number", int: "an integer"}
+REMASK_ENTRIES = {f"remask-{rule}": rule for rule in REMASK_RULES}  # entry mode -> remask_rule
 BASELINE = "static"  # the reference every ratio is measured against
 LOSSLESS_MODES = ("static", "speculative")  # modes whose greedy tokens equal their rule's
 DEFAULT_GRID = ("static,dynamic:0.9,dynamic:0.7,dynamic:0.5,direct:4,direct:8,"
                 "speculative:2@1,speculative:3@1,speculative:2@0.9,speculative:3@0.9,"
-                "speculative:4@0.9,remask:0.5,remask:0.4")  # lossy MRP: the Pareto winners
+                "speculative:4@0.9,remask-chain:0.5,remask-chain:0.4")  # lossy MRP: the Pareto winners
+
+
+def entry_mode(config: DecodeConfig) -> str:
+    """The mode as a grid entry names it: a remask config's names its rule."""
+    return f"remask-{config.remask_rule}" if config.mode == "remask" else config.mode
+
+
+def second_knob(config: DecodeConfig) -> tuple[str, float] | None:
+    """The knob after `@` in an entry: speculative's threshold, a paper remask rule's δ."""
+    if config.mode == "speculative":
+        return "threshold", config.threshold
+    return ("remask_delta", config.remask_delta) if config.vetoes else None
 
 
 def grid_label(config: DecodeConfig) -> str:
-    """The grid entry that produces `config` from a base: "static", "speculative:3@0.9"."""
+    """The grid entry that produces `config` from a base: "static", "speculative:3@0.9",
+    "remask-paper:0.5@2"."""
     name = VALUE_FIELDS.get(config.mode)
     if name is None:
         return config.mode
-    label = f"{config.mode}:{getattr(config, name):g}"
-    return f"{label}@{config.threshold:g}" if config.mode == "speculative" else label
+    label = f"{entry_mode(config)}:{getattr(config, name):g}"
+    second = second_knob(config)
+    return label if second is None else f"{label}@{second[1]:g}"
+
+
+def family_of(config: DecodeConfig) -> str:
+    """The sweep a config belongs to (a plot's line): its mode; a remask rule, with its δ."""
+    return entry_mode(config) + (f" δ={config.remask_delta:g}" if config.vetoes else "")
 
 
 def setting_of(config: DecodeConfig) -> str:
-    """The mode's distinguishing knob as text, "lookahead=3"; empty for modes without one."""
+    """The mode's distinguishing knobs as text, "lookahead=3"; empty for modes without one."""
     name = VALUE_FIELDS.get(config.mode)
     if name is None:
         return ""
-    setting = f"{name}={getattr(config, name):g}"
-    return f"{setting} threshold={config.threshold:g}" if config.mode == "speculative" else setting
+    parts = [f"{name}={getattr(config, name):g}"]
+    if config.mode == "remask":
+        parts.append(f"remask_rule={config.remask_rule}")
+    second = second_knob(config)
+    return " ".join(parts + ([f"{second[0]}={second[1]:g}"] if second else []))
 
 
 def rule_of(config: DecodeConfig) -> DecodeConfig | None:
@@ -61,20 +87,17 @@ def rule_of(config: DecodeConfig) -> DecodeConfig | None:
 
 
 def parse_entry(entry: str, base: DecodeConfig) -> DecodeConfig:
-    entry, at, threshold = entry.partition("@")
-    if at:
-        if not entry.startswith("speculative:"):
-            raise ValueError(f"grid entry {entry + at + threshold!r}: only speculative:K@τ "
-                             "takes a threshold after @")
-        try:
-            base = dataclasses.replace(base, threshold=float(threshold))
-        except ValueError:
-            raise ValueError(f"grid entry {entry + at + threshold!r}: threshold must be a "
-                             f"number in (0, 1], got {threshold!r}") from None
+    text = entry
+    entry, at, second = entry.partition("@")
     mode, _, value = entry.partition(":")
+    if mode in REMASK_ENTRIES:
+        base = dataclasses.replace(base, remask_rule=REMASK_ENTRIES[mode])
+        mode = "remask"
+    if at:
+        base = with_second_knob(text, base, second)
     if mode not in MODES:
         raise ValueError(f"grid entry {entry!r}: unknown mode {mode!r}; choose one of "
-                         f"{', '.join(MODES)}")
+                         f"{', '.join(MODES + tuple(REMASK_ENTRIES))}")
     name = VALUE_FIELDS.get(mode)
     if name is None:
         if value:
@@ -92,6 +115,22 @@ def parse_entry(entry: str, base: DecodeConfig) -> DecodeConfig:
         return dataclasses.replace(base, mode=mode, **{name: number})
     except ValueError as error:
         raise ValueError(f"grid entry {entry!r}: {error}") from None
+
+
+def with_second_knob(entry: str, base: DecodeConfig, value: str) -> DecodeConfig:
+    """base with the knob after `@`: speculative's threshold, a paper remask rule's δ."""
+    if entry.startswith("speculative:"):
+        name, allowed = "threshold", "a number in (0, 1]"
+    elif entry.startswith("remask-paper"):
+        name, allowed = "remask_delta", "a number >= 0"
+    else:
+        raise ValueError(f"grid entry {entry!r}: only speculative:K@τ and "
+                         "remask-paper:τ@δ take a value after @")
+    try:
+        return dataclasses.replace(base, **{name: float(value)})
+    except ValueError:
+        raise ValueError(f"grid entry {entry!r}: {name} must be {allowed}, "
+                         f"got {value!r}") from None
 
 
 def parse_grid(spec: str, base: DecodeConfig) -> tuple[DecodeConfig, ...]:

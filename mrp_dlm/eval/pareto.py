@@ -13,8 +13,9 @@ at its own speed, once in tokens per backbone forward (deterministic) and once i
         right of the fastest point, None (the sweep does not reach that speed);
     vs frontier: (accuracy - frontier accuracy) in points.
 
-`SWEEPS` are the default sweeps of `mrp bench --pareto` (one knob per mode family;
-speculative over dynamic 0.9 is the lossless point drawn beside them).
+`SWEEPS` are the default sweeps of `mrp bench --pareto` (one knob per family; the paper
+remask rule sweeps τ at each of a few δ; speculative over dynamic 0.9 is the lossless point
+drawn beside them).
 
 Deliberately not here: running the grid (see `bench.py`) and drawing (`plots.py`).
 """
@@ -26,10 +27,16 @@ from dataclasses import dataclass
 
 FRONTIER_MODES = ("static", "dynamic")  # head-free threshold decoding: the frontier's rows
 PARETO_BATCH_SIZE = 50  # prompts per decode call: the sweep is judged on counts, not latency
-SWEEPS = {  # mode -> the values its grid entries sweep (`grid.VALUE_FIELDS` names the knob)
+PAPER_TAUS = (0.9, 0.7, 0.5, 0.3, 0.2, 0.1)  # τ of the paper rule's sweeps
+SWEEPS = {  # family -> the values its grid entries sweep (`grid.VALUE_FIELDS` names the
+    # knob); "mode@x": the entries are mode:value@x
     "dynamic": (0.9, 0.8, 0.7, 0.6, 0.55, 0.5, 0.45, 0.4, 0.3, 0.2, 0.1, 0.05),
     "direct": (1, 2, 3, 4, 6, 8, 12, 15),
-    "remask": (0.9, 0.7, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02),
+    "remask-chain": (0.9, 0.7, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02),
+    "remask-paper@0.5": PAPER_TAUS,
+    "remask-paper@1": PAPER_TAUS,
+    "remask-paper@2": PAPER_TAUS,
+    "remask-paper@4": PAPER_TAUS,
     "entropy": (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0),
 }
 LOSSLESS_ENTRIES = ("speculative:3@0.9",)  # drawn beside the sweeps; its rule is dynamic:0.9
@@ -47,8 +54,9 @@ TABLE_COLUMNS = (("task", "task"), ("label", "mode"), ("accuracy", "acc"), ("tok
 def pareto_grid(block_size: int) -> str:
     """The default Pareto grid for a model's block size (a lookahead beyond it is left out)."""
     entries = ["static"]
-    for mode, values in SWEEPS.items():
-        entries += [f"{mode}:{value:g}" for value in values
+    for family, values in SWEEPS.items():
+        mode, at, fixed = family.partition("@")
+        entries += [f"{mode}:{value:g}{at}{fixed}" for value in values
                     if mode != "direct" or value <= block_size]
     return ",".join(entries + list(LOSSLESS_ENTRIES))
 

@@ -1,6 +1,7 @@
 """PNG plots of a benchmark: accuracy against a speed measure, one point per grid row.
 
-Each mode family (all rows of one mode: a sweep of its knob) is one colour, its points
+Each family (`grid.family_of`: the rows of one mode, a remask rule with its δ: a sweep
+of one knob) is one colour, its points
 joined in speed order and labelled with their knob value; lossless rows (static,
 speculative) are stars. The head-free frontier (`pareto.frontier_rows`: dynamic decoding
 at its best) is drawn as a dashed line, so that a lossy point above it beats threshold
@@ -21,9 +22,14 @@ MARKERS = {True: ("*", 200), False: ("o", 36)}  # lossless flag -> marker, size
 
 
 def point_label(row: dict) -> str:
-    """The knob value of a sweep point ("0.5", "3"), the whole entry for the others."""
+    """The swept value of a sweep point ("0.5", "3"), the whole entry for the others."""
     mode, _, value = row["label"].partition(":")
-    return value if value and not row["lossless"] else row["label"]
+    return value.partition("@")[0] if value and not row["lossless"] else row["label"]
+
+
+def family(row: dict) -> str:
+    """A row's sweep (`grid.family_of`); rows written before families existed: the mode."""
+    return row.get("family", row["mode"])
 
 
 def plot_family(axes, rows: list[dict], x_key: str, colour: str) -> None:
@@ -37,7 +43,7 @@ def plot_family(axes, rows: list[dict], x_key: str, colour: str) -> None:
         axes.annotate(point_label(row), (x, y), fontsize=6, xytext=(3, 3),
                       textcoords="offset points", color=colour)
     axes.plot([], [], color=colour, marker=MARKERS[rows[0]["lossless"]][0], linestyle="",
-              label=rows[0]["mode"])
+              label=family(rows[0]))
 
 
 def plot_tradeoff(rows: list[dict], x_key: str, x_label: str, path: Path) -> None:
@@ -53,9 +59,9 @@ def plot_tradeoff(rows: list[dict], x_key: str, x_label: str, path: Path) -> Non
     if frontier:
         axes.plot(*zip(*frontier), color="0.3", linestyle="--", linewidth=2, zorder=1,
                   label="head-free frontier (dynamic)")
-    modes = list(dict.fromkeys(row["mode"] for row in shown))
-    for index, mode in enumerate(modes):
-        plot_family(axes, [row for row in shown if row["mode"] == mode], x_key, f"C{index}")
+    families = list(dict.fromkeys(family(row) for row in shown))
+    for index, name in enumerate(families):
+        plot_family(axes, [row for row in shown if family(row) == name], x_key, f"C{index}")
     tasks = sorted({row["task"] for row in rows})
     axes.set(xlabel=x_label, ylabel="accuracy", title=f"{', '.join(tasks)}: accuracy vs speed")
     axes.grid(True, alpha=0.3)

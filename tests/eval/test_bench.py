@@ -9,11 +9,11 @@ import pytest
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.eval import bench
-from mrp_dlm.eval.grid import DEFAULT_GRID, grid_label, parse_grid, rule_of, setting_of
+from mrp_dlm.eval.grid import DEFAULT_GRID, family_of, grid_label, parse_grid, rule_of, setting_of
 from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.pipeline import Pipeline
 
-BASE = DecodeConfig(max_new_tokens=8, adaptive=False)  # speculative rows draft every round
+BASE = DecodeConfig(max_new_tokens=8, adaptive=False, remask_delta=1.0)  # speculative rows draft every round
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -28,7 +28,7 @@ def test_the_default_grid_round_trips():
 def test_static_is_added_and_moved_first_and_base_knobs_kept():
     assert labels("dynamic:0.9,speculative:3, dynamic:0.7") == [
         "static", "dynamic:0.9", "speculative:3@0.9", "dynamic:0.7"]
-    assert labels("remask:0.5,static,entropy:1.5") == ["static", "remask:0.5", "entropy:1.5"]
+    assert labels("remask:0.5,static,entropy:1.5") == ["static", "remask-chain:0.5", "entropy:1.5"]
     configs = parse_grid("direct:2,dynamic:0.25", BASE)
     assert configs[1].lookahead == 2 and isinstance(configs[1].lookahead, int)
     assert configs[2].threshold == 0.25
@@ -49,8 +49,23 @@ BAD_GRIDS = {
     "dynamic:0.5,dynamic:0.50": "dynamic:0.5 more than once",
     "speculative:2@x": "threshold must be a number in",
     "speculative:2@1.5": "threshold must be a number in",
-    "dynamic:0.5@0.9": "only speculative:K@τ takes a threshold",
+    "dynamic:0.5@0.9": "only speculative:K@τ and remask-paper:τ@δ take a value after @",
+    "remask-chain:0.5@2": "only speculative:K@τ and remask-paper:τ@δ take a value after @",
+    "remask-paper:0.5@x": "remask_delta must be a number >= 0",
 }
+
+
+def test_remask_entries_name_their_rule():
+    assert labels("remask-paper:0.5@2,remask-paper:0.5,remask-chain:0.3,"
+                  "remask-paper-context:0.7@0.5") == [
+        "static", "remask-paper:0.5@2", "remask-paper:0.5@1", "remask-chain:0.3",
+        "remask-paper-context:0.7@0.5"]  # without @δ: the base's remask_delta
+    paper, context = parse_grid("remask-paper:0.5@4,remask-paper-context:0.7", BASE)[1:]
+    assert (paper.remask_rule, paper.threshold, paper.remask_delta) == ("paper", 0.5, 4.0)
+    assert context.remask_rule == "paper-context"
+    assert setting_of(paper) == "threshold=0.5 remask_rule=paper remask_delta=4"
+    assert family_of(paper) == "remask-paper δ=4" and family_of(BASE) == "static"
+    assert labels("remask:0.5") == ["static", "remask-chain:0.5"]  # the base's rule
 
 
 def test_a_lossless_mode_brings_its_rule():
@@ -77,14 +92,14 @@ def test_a_lookahead_beyond_a_given_block_size_fails_while_parsing():
                                          r"block_size \(8\)"):
         parse_grid("speculative:9", DecodeConfig(block_size=8))
     assert labels("speculative:20,remask:0.5") == ["static", "dynamic:0.9", "speculative:20@0.9",
-                                                   "remask:0.5"]
+                                                   "remask-chain:0.5"]
 
 
 def test_modes_without_a_head_are_dropped():
     configs = parse_grid("dynamic:0.5,direct:1,speculative:2@0.5,remask:0.5", BASE)
     kept, dropped = bench.split_by_head(configs, has_head=False)
     assert [grid_label(c) for c in kept] == ["static", "dynamic:0.5"]
-    assert dropped == ["direct:1", "speculative:2@0.5", "remask:0.5"]
+    assert dropped == ["direct:1", "speculative:2@0.5", "remask-chain:0.5"]
     assert bench.split_by_head(configs, has_head=True) == (configs, [])
 
 

@@ -78,8 +78,10 @@ def test_the_default_sweeps_fit_the_block_and_parse(block_size):
     assert labels == spec.split(",")  # static first, nothing inserted: the rules are in it
     directs = [int(label.split(":")[1]) for label in labels if label.startswith("direct:")]
     assert directs == [k for k in pareto.SWEEPS["direct"] if k <= block_size]
-    for mode in ("dynamic", "remask", "entropy"):
-        assert sum(label.startswith(f"{mode}:") for label in labels) == len(pareto.SWEEPS[mode])
+    for family in ("dynamic", "remask-chain", "entropy"):
+        assert sum(label.startswith(f"{family}:") for label in labels) == len(pareto.SWEEPS[family])
+    assert sum(label.startswith("remask-paper:") and label.endswith("@2")
+               for label in labels) == len(pareto.SWEEPS["remask-paper@2"])
     assert "speculative:3@0.9" in labels and "dynamic:0.9" in labels
 
 

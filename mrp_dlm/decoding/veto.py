@@ -1,0 +1,116 @@
+"""Remask by residual veto: the v2 MRP paper's remask rule (`--remask-rule paper`), as the
+authors' code runs it (`_generate_residual_remask`, `residual_remask_transfer`).
+
+Per denoising step of a block:
+
+    propose  the dynamic rule on the backbone's logits A: every masked position whose
+             confidence (full softmax) exceeds τ, else the single most confident one;
+    residual one head forward on the block as it was BEFORE this step's proposals, from
+             h_in = h_A; C = lm_head(h_C), raw logits, read alone (not A + C);
+    veto     each proposal whose |C at its proposed token| exceeds δ (either sign), each
+             independently; a row whose every proposal is vetoed keeps the one with the
+             smallest |C| (ties to the lower position);
+    commit   the survivors; vetoed positions stay masked and compete again next step.
+
+The head never commits a token, and one head step per backbone step is all it runs (a
+lookahead changes nothing). The official loop runs its head forward on every step; here a
+step where no row has two proposals runs none (`DecodeStats.head_skips`): a lone proposal
+survives either way (vetoed, the fallback keeps it), so skipping changes no token.
+
+Head context: the official loop never writes the head's keys of earlier blocks, so its head
+sees the current block only (`paper`), though the head was trained attending to them.
+`paper-context` runs the same veto with the head attending to its keys of every earlier block
+(`head_cache.py`), as the head was trained and as the direct and speculative modes run it.
+
+Quota: the official fallback is one position whatever the step's n_s, and its loop stops
+after `steps` steps even when masks remain (it would store a block with masks in it); so
+this rule requires steps == block_size (`DecodeConfig.resolve`), where no step is short.
+
+`veto_step` is the one copy of the step: the library's `VetoDecoder` calls it, and so can the
+serving plugin with its own head call.
+
+Deliberately not here: the chain rule (see `remask.py`), the dynamic proposal itself (see
+`selection.threshold_pick`).
+
+Shapes: B batch, L block size, H hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.decoding.driver import BlockContext
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig
+from mrp_dlm.decoding.selection import threshold_pick
+from mrp_dlm.decoding.step import Advance, Step
+from mrp_dlm.decoding.strategies import sampling_of
+from mrp_dlm.model.head import HeadBackbone, MRPHead
+
+# h_C (B, L, H) of one head step on block tokens (B, L) from h_in (B, L, H).
+Residual = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def veto_unstable(proposed: torch.Tensor, residual: torch.Tensor, delta: float) -> torch.Tensor:
+    """The proposals (B, L) that survive the veto: |residual| <= delta; a row that proposed
+    something and lost it all keeps its smallest-|residual| proposal (ties: lower position).
+
+    proposed: (B, L) bool; residual: (B, L) float, C at each position's proposed token.
+    """
+    magnitude = residual.abs()  # (B, L)
+    survive = proposed & (magnitude <= delta)  # (B, L)
+    stable = torch.where(proposed, magnitude, float("inf")).argmin(dim=1)  # (B,) first minimum
+    lost = proposed.any(dim=1) & ~survive.any(dim=1)  # (B,)
+    fallback = torch.zeros_like(proposed).scatter_(1, stable[:, None], lost[:, None])  # (B, L)
+    return survive | fallback
+
+
+@dataclass(frozen=True)
+class Veto:
+    """One step of the rule."""
+
+    tokens: torch.Tensor  # (B, L) the block after the survivors are committed
+    proposed: torch.Tensor  # (B, L) bool, the dynamic rule's proposals
+    kept: torch.Tensor  # (B, L) bool, the survivors
+    head_ran: bool  # False: no row had two proposals, so no head forward was needed
+
+
+def veto_step(residual: Residual, backbone: HeadBackbone, step: Step, threshold: float,
+              delta: float, sampling: SamplingConfig = GREEDY) -> Veto:
+    """One step of the paper's rule on the block before it (see the module docstring).
+
+    One host sync: does any row have two proposals? The head then runs on every row (static
+    shapes); a row with fewer proposals keeps them either way.
+    """
+    rows, mask_token_id = step.rows, backbone.config.mask_token_id
+    proposed, tokens = threshold_pick(step.base.logits, rows.tokens, rows.eligible,
+                                      mask_token_id, rows.positions, threshold, sampling)
+    kept, contested = proposed, bool((proposed.sum(dim=1) > 1).any())
+    if contested:
+        residual_logits = backbone.logits(residual(rows.tokens, step.base.hidden))  # (B, L, V)
+        at_token = residual_logits.gather(-1, tokens[..., None])[..., 0]  # (B, L)
+        kept = veto_unstable(proposed, at_token, delta)
+    return Veto(torch.where(kept, tokens, rows.tokens), proposed, kept, contested)
+
+
+class VetoDecoder:
+    copies = 1
+
+    def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
+        self.config, self.head = config, head
+        self.sampling = sampling_of(config)
+        self.context = config.remask_rule == "paper-context"
+
+    def step(self, context: BlockContext, step: Step) -> Advance:
+        def residual(tokens: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
+            return context.head.residual(tokens, hidden_in, self.context)
+
+        veto = veto_step(residual, context.model, step, self.config.threshold,
+                         self.config.remask_delta, self.sampling)
+        context.counters.add_vetoes(veto.proposed, veto.kept)
+        if not veto.head_ran:
+            context.counters.add_head_skip()
+        return Advance(veto.tokens)
