@@ -1,4 +1,8 @@
-"""`mrp`: argparse -> configs -> calls. No logic of its own; the only module that prints."""
+"""`mrp`: argparse -> configs -> calls. No logic of its own; the only module that prints.
+
+Imports at the top stay light (no torch): `mrp --help` and argument errors answer in well
+under a second; each command imports what it runs.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,20 @@ import logging
 import sys
 from pathlib import Path
 
-from mrp_dlm.config import DecodeConfig, HeadTrainConfig, TrainConfig
-from mrp_dlm.eval.bench import BENCH_BATCH_SIZE
-from mrp_dlm.eval.demo import DEMO_PROBLEMS
+from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES, DecodeConfig,
+                            HeadTrainConfig, TrainConfig)
+from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE, DEMO_PROBLEMS, EVAL_BATCH_SIZE
 from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.pareto import PARETO_BATCH_SIZE
-from mrp_dlm.eval.runner import EVAL_BATCH_SIZE
 from mrp_dlm.eval.tasks.registry import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
-from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES
-from mrp_dlm.serving.launch import ServeConfig
+from mrp_dlm.serving.serve_config import ServeConfig
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="checkpoint directory (HF format); default: the embedded model")
-    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPES),
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPE_NAMES),
                         help=f"weights and activations dtype (default: {DEFAULT_DTYPE})")
     parser.add_argument("--device", default=DEFAULT_DEVICE,
                         help=f"torch device (default: {DEFAULT_DEVICE})")
@@ -88,7 +90,7 @@ def add_export_parser(commands) -> None:
                         help="MRP head directory (default: the embedded head with the embedded "
                              "model, a release's own head with a release)")
     export.add_argument("--out", required=True, help="output directory (empty or new)")
-    export.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPES),
+    export.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPE_NAMES),
                         help=f"dtype of the written weights (default: {DEFAULT_DTYPE})")
     export.add_argument("--force", action="store_true",
                         help="write into a non-empty --out, replacing the files it writes")

@@ -22,6 +22,11 @@ STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only mod
 MRP_MODES = ("direct", "speculative", "remask")  # modes that need an MRP head
 LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
+# What a model loads in unless told (Pipeline, `mrp`). Plain names, so that the CLI builds its
+# help without importing torch (`model/loading.py` maps them to torch dtypes).
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model loads in
+DEFAULT_DTYPE = "float32"  # a DTYPE_NAMES entry
+DEFAULT_DEVICE = "cpu"  # the device a model loads onto
 
 
 @dataclass(frozen=True)

@@ -366,3 +366,18 @@ def test_export_defaults_to_the_embedded_model_and_head(tmp_path, capsys):
         for name, tensor in ours.state_dict().items():
             assert torch.equal(theirs.state_dict()[name], tensor), name
     assert release.tokenizer is not None
+
+
+def test_help_and_argument_errors_do_not_import_torch():
+    """`mrp --help` and a bad flag answer from the parser alone: no torch, well under a
+    second (each command imports what it runs)."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom mrp_dlm import cli\n"
+              "for argv in (['--help'], ['serve', '--help'], ['bench', '--task', 'nope']):\n"
+              "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+              "print(sorted(m for m in ('torch', 'tqdm', 'sglang') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig
+from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES, SDAR_BLOCK_SIZE,
+                            SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig)
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 
@@ -28,9 +29,7 @@ log = logging.getLogger(__name__)
 SUPPORTED_MODEL_TYPES = ("sdar", "qwen3")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_DTYPE = "float32"  # a DTYPES name: what a model loads in unless told (Pipeline, `mrp`)
-DEFAULT_DEVICE = "cpu"  # the device a model loads onto unless told (Pipeline, `mrp`)
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # name -> torch dtype
 
 
 class CheckpointError(ValueError):
