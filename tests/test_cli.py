@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,6 +201,26 @@ def test_an_out_that_is_a_file_fails_cleanly(saved_model_and_head, tmp_path, cap
                                     "--limit", "1", "--out", str(out))
         assert code == 2 and stdout == "" and err.startswith(f"mrp: error: {message}"), err
     assert path.read_text() == "keep me" and list(path.parent.iterdir()) == [path]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("command", ["eval", "bench"])
+def test_an_unwritable_out_fails_before_any_decode(saved_model_and_head, capsys, monkeypatch,
+                                                   command):
+    """/proc takes no new files, even from root (whom chmod would not stop): the command
+    refuses --out before it loads the model, not after decoding the whole grid."""
+    model_dir, _ = saved_model_and_head
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before --out was checked")
+
+    monkeypatch.setattr(Pipeline, "load", no_load)
+    out = "/proc/mrp-bench-out"
+    code, stdout, err = run_cli(capsys, command, "--task", "arith", "--model", str(model_dir),
+                                "--limit", "1", "--out", out)
+    assert code == 2 and stdout == "", err
+    assert err.startswith(f"mrp: error: cannot write the output directory {out}: writing in "
+                          "/proc fails"), err
 
 
 def test_eval_interrupted_says_what_is_saved_and_resumes_exactly(saved_model_and_head, tmp_path,
