@@ -141,6 +141,17 @@ class DecodeConfig:
                              mask_token_id=model.mask_token_id)
 
 
+def check_block_divides(block_size: int, trained: int, what: str) -> None:
+    """A decode block must tile the block the model was trained with: a block that straddles
+    two trained blocks (7 in 16), or spans several (32 in 16), lets positions attend across
+    a trained block boundary, which the model never saw, and decodes nonsense silently."""
+    if trained % block_size:
+        divisors = [d for d in range(1, trained + 1) if trained % d == 0]
+        raise ValueError(f"block size {block_size} does not divide the block size {trained} "
+                         f"{what} was trained with: its blocks would cross the trained block "
+                         f"boundaries; use one of {', '.join(map(str, divisors))}")
+
+
 @dataclass(frozen=True)
 class BlockSchedule:
     """The per-call facts of a decode after defaults are resolved against the model."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from mrp_dlm.config import MRP_MODES, DecodeConfig
+from mrp_dlm.config import MRP_MODES, DecodeConfig, check_block_divides
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
@@ -55,7 +55,12 @@ class Pipeline:
 
     def decoder(self, config: DecodeConfig) -> Decoder:
         """The decoder of `config`, made once: an adaptive speculative decoder carries what it
-        measured (acceptance, round costs) from one call to the next."""
+        measured (acceptance, round costs) from one call to the next. A block size that does
+        not tile the model's is refused here, for the user; the driver itself takes any (its
+        tests decode random tiny models at other sizes)."""
+        if config.block_size is not None:
+            check_block_divides(config.block_size, self.model.config.block_size,
+                                str(self.directory))
         if config not in self.decoders:
             self.decoders[config] = make_decoder(config, self.head_for(config))
         return self.decoders[config]

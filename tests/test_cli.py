@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from mrp_dlm.config import DecodeConfig
 from mrp_dlm.pipeline import Pipeline
 
 
@@ -175,18 +176,41 @@ def test_lookahead_beyond_the_block_fails_cleanly(saved_model_and_head, tmp_path
     assert not out_dir.exists()
 
 
+@pytest.mark.parametrize("block_size", [3, 8])
+def test_a_decode_block_that_does_not_divide_the_models_is_refused(tiny_model, block_size):
+    """The tiny model is trained at block 4: blocks of 3 or 8 would cross its block
+    boundaries; 1, 2 and 4 tile it. Pipeline refuses them (the driver takes any)."""
+    pipe = Pipeline(model=tiny_model, tokenizer=None, directory=Path("tiny"))
+    with pytest.raises(ValueError, match=rf"block size {block_size} does not divide the block "
+                       r"size 4 tiny was trained with: .*use one of 1, 2, 4$"):
+        pipe.decoder(DecodeConfig(block_size=block_size))
+    pipe.decoder(DecodeConfig(block_size=2))
+
+
+@pytest.mark.parametrize("block_size", ["3", "7", "8"])
+def test_a_block_size_that_does_not_tile_the_models_is_refused(saved_model_and_head, capsys,
+                                                               block_size):
+    model_dir, _ = saved_model_and_head  # trained at block size 4
+    code, out, err = run_cli(capsys, "generate", "--model", str(model_dir), "--prompt", "hi",
+                             "--block-size", block_size, "--lookahead", "1")
+    assert code == 2 and out == ""
+    assert err == (f"mrp: error: block size {block_size} does not divide the block size 4 "
+                   f"{model_dir} was trained with: its blocks would cross the trained block "
+                   "boundaries; use one of 1, 2, 4\n")
+
+
 def test_a_head_that_does_not_fit_stops_only_the_modes_that_use_it(saved_model_and_head,
                                                                      capsys):
     model_dir, head_dir = saved_model_and_head  # the head was trained at block size 4
     argv = ["generate", "--model", str(model_dir), "--head", str(head_dir), "--prompt", "hi",
-            "--block-size", "8", "--max-new-tokens", "4"]
+            "--block-size", "2", "--lookahead", "2", "--max-new-tokens", "4"]
     for mode in ("static", "dynamic"):
         code, out, err = run_cli(capsys, *argv, "--mode", mode)
         assert code == 0, err
     code, out, err = run_cli(capsys, *argv, "--mode", "speculative")
     assert code == 2 and out == ""
     assert re.fullmatch(r"mrp: error: the head in \S+ was trained on another backbone: "
-                        r".*block_size: head 4 vs backbone 8.*\n", err), err
+                        r".*block_size: head 4 vs backbone 2.*\n", err), err
 
 
 @pytest.mark.parametrize("command", ["eval", "bench"])

@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import save_file
 
 from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES, SDAR_BLOCK_SIZE,
-                            SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig)
+                            SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig,
+                            check_block_divides)
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 
@@ -85,6 +86,11 @@ def config_from_hf(raw: dict, stop_ids: tuple[int, ...], mask_token_id: int | No
                    block_size: int | None = None, path: Path = Path("config.json")) -> BackboneConfig:
     """BackboneConfig from a config.json dict; flags override the file, the file the defaults."""
     check_supported(raw, path)
+    if block_size is not None and raw.get("block_size"):  # a file without it: trained block unknown
+        try:
+            check_block_divides(block_size, raw["block_size"], str(path.parent))
+        except ValueError as error:
+            raise CheckpointError(str(error)) from None
     try:
         return BackboneConfig(
             vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
