@@ -17,6 +17,9 @@ the SGLang command, its environment and the algorithm's YAML. What it chooses:
   no `SDARMRPForCausalLM`, so SGLang gets a view of it as `SDARForCausalLM` (config
   rewritten, weights symlinked; our SGLang model skips the head's tensors) and the MRP
   algorithms its head from the release's own directory;
+- an MRP head is checked against the checkpoint here (the fingerprint `mrp generate` checks:
+  shape, block size, mask id, lm_head), so a head from another model is refused in one line
+  before SGLang starts rather than in its traceback;
 - a request that leaves out `temperature` is greedy: `--preferred-sampling-params
   '{"temperature": 0}'`, which `request_defaults.py` makes the OpenAI endpoints honour.
 
@@ -36,7 +39,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from mrp_dlm.model.loading import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
-from mrp_dlm.model.release import backbone_config, is_release_dir
+from mrp_dlm.model.release import backbone_config, is_release_dir, release_fingerprint
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
 from mrp_dlm.serving.serve_config import ALGORITHMS, HOST, ServeConfig, ServeError  # noqa: F401
@@ -167,6 +170,21 @@ def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
     return head
 
 
+def check_head_fits(head: Path, model_dir: Path, dtype: str) -> None:
+    """Refuse a head trained on another backbone now, in one line, instead of in SGLang's
+    traceback after it has started (half a minute on a CPU). The same fingerprint check as
+    `head_loading.load_head`, on the checkpoint's files: its config and its lm_head tensor
+    (the one tensor read; no model is built)."""
+    import torch
+
+    from mrp_dlm.model.head_loading import mismatch_message, read_head_meta
+
+    saved = release_fingerprint(head) if is_release_dir(head) else read_head_meta(head)[1]
+    differences = saved.differences(release_fingerprint(model_dir))
+    if differences:
+        raise ServeError(mismatch_message(head, differences, getattr(torch, dtype)))
+
+
 def algorithm_yaml(config: ServeConfig, head: Path | None) -> str:
     """The dLLM algorithm config SGLang reads (`--dllm-algorithm-config`)."""
     if config.algorithm == "LowConfidence":
@@ -232,6 +250,8 @@ def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
         else embedded_model_dir().resolve()
     checkpoint = read_checkpoint(model_dir)
     head = head_for(config, model_dir)
+    if head is not None and head != model_dir:  # a release's own head fits by construction
+        check_head_fits(head, model_dir, checkpoint.dtype)
     device = resolve_device(config.device)
     view_of = model_dir if is_release_dir(model_dir) else None
     served = yaml_path.with_name(VIEW_NAME) if view_of else model_dir
