@@ -105,9 +105,11 @@ def training_log():
 
 
 def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int:
+    config = build_dataclass(TrainConfig, args, train_fields)
+    print(f"mrp train backbone: preset {config.preset}, {config.steps} steps, into {config.out}; "
+          "loading torch", file=sys.stderr, flush=True)  # torch alone takes seconds to import
     from mrp_dlm.training.loop import train_backbone
 
-    config = build_dataclass(TrainConfig, args, train_fields)
     with training_log():
         out = train_backbone(config)
     print(f"checkpoint written to {out}")
@@ -115,9 +117,11 @@ def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int
 
 
 def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
+    config = build_dataclass(HeadTrainConfig, args, train_fields)
+    print(f"mrp train head: on {config.model or 'the embedded model'}, {config.steps} steps, "
+          f"into {config.out}; loading torch", file=sys.stderr, flush=True)
     from mrp_dlm.training.head_loop import train_head
 
-    config = build_dataclass(HeadTrainConfig, args, train_fields)
     with training_log():
         out = train_head(config)
     print(f"head written to {out}")
@@ -252,7 +256,8 @@ def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
         print(f"WARNING: {row['label']} is lossless by construction but differs from "
               f"{row['reproduces']} on {row['differing_from_rule']} of {row['n']} problems")
     print("wrote " + ", ".join(str(path) for path in paths))
-    print(json.dumps(report))
+    if args.json:  # the whole report (8 KB for the default grid) is also in bench.json
+        print(json.dumps(report))
     return 0
 
 
@@ -317,6 +322,8 @@ def add_eval_parsers(commands) -> dict[str, list[str]]:
                            "threshold T of the rule it reproduces (T = 1: static), and that "
                            "rule is run too; static is always run first "
                            f"(default: {DEFAULT_GRID}; with --pareto, the Pareto sweeps)")
+    grid.add_argument("--json", action="store_true",
+                      help="end with the report as one JSON line (as written to bench.json)")
     bench_fields = add_dataclass_flags(
         grid, DecodeConfig, skip=("stop_token_ids", "mode", *sorted(set(VALUE_FIELDS.values()))))
     return {"eval": eval_fields, "bench": bench_fields}

@@ -277,8 +277,8 @@ REVEAL_RULES = ("static", "dynamic", "random")
 class HeadTrainConfig:
     """MRP head training on a frozen backbone: objective, data, optimiser, checkpoints."""
 
-    model: str  # backbone checkpoint dir (HF format, with its tokenizer); it stays frozen
     out: str  # head checkpoint dir (head + train_state.pt + train_log.jsonl + metrics.jsonl)
+    model: str | None = None  # backbone checkpoint dir (HF format, with its tokenizer); it stays frozen; None: the embedded model
     head_layers: int = HeadConfig.num_layers  # decoder layers of the head
     init_std: float = HeadConfig.init_std  # std of the normal init of the head's matrices
     lookahead: int = 1  # K, chained head steps trained per batch (one reveal and teacher each)
@@ -310,7 +310,7 @@ class HeadTrainConfig:
     device: str = "cpu"  # torch device: cpu, cuda or cuda:N (each process's own under torchrun)
 
     def __post_init__(self) -> None:
-        if not self.model or not self.out:
+        if self.model == "" or not self.out:
             raise ValueError("model and out must name directories")
         check_at_least_one(self, ("head_layers", "lookahead", "reveal_max", "train_examples",
                                   "eval_examples", "seq_len", "batch_size", "steps", "eval_every",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from mrp_dlm.config import MRP_MODES, DecodeConfig, check_block_divides
@@ -22,20 +21,11 @@ from mrp_dlm.decoding.step import Decoder
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
-from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, load_backbone
+from mrp_dlm.model.loading import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, embedded_head_dir,
+                                   embedded_model_dir, load_backbone)
 from mrp_dlm.model.release import is_release_dir
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 from mrp_dlm.threads import set_inference_threads
-
-
-def embedded_model_dir() -> Path:
-    """The small SDAR-style model shipped inside the package."""
-    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded"))
-
-
-def embedded_head_dir() -> Path:
-    """The MRP head trained on the embedded model, shipped beside it."""
-    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded-head"))
 
 
 @dataclass

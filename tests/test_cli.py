@@ -12,7 +12,7 @@ import torch
 
 from conftest import run_cli
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.pipeline import Pipeline
+from mrp_dlm.pipeline import Pipeline, embedded_model_dir
 
 
 def test_generate_prints_text_and_stats(saved_model_and_head, capsys):
@@ -88,7 +88,8 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
     model_dir, head_dir = saved_model_and_head
     code, out, err = run_cli(capsys, "bench", "--task", "arith-code", "--model", str(model_dir),
                              "--head", str(head_dir), "--grid", "speculative:2@0.5,dynamic:0.5",
-                             "--limit", "2", "--max-new-tokens", "6", "--out", str(tmp_path))
+                             "--limit", "2", "--max-new-tokens", "6", "--out", str(tmp_path),
+                             "--json")
     assert code == 0, err
     assert "| arith-code | speculative:2@0.5 |" in out
     assert "warm-up arith-code" in err and "arith-code speculative:2@0.5" in err  # progress
@@ -99,6 +100,7 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
     assert (spec["reproduces"], spec["identical_to_rule"], spec["differing_from_rule"]) == \
         ("dynamic:0.5", 1.0, 0)
     assert report["config"]["head"] == str(head_dir.resolve())
+    assert json.loads((tmp_path / "bench.json").read_text()) == report
     for name in ("bench.json", "bench.md", "pareto.md", "accuracy_vs_speedup.png",
                  "accuracy_vs_tokens_per_forward.png"):
         assert (tmp_path / name).is_file()
@@ -111,7 +113,8 @@ def test_bench_pareto_sweeps_every_family_and_judges_it(saved_model_and_head, tm
                              "--max-new-tokens", "4", "--out", str(tmp_path))
     assert code == 0, err
     assert "| vs frontier (points) |" in out.splitlines()[0]
-    report = json.loads(out.strip().splitlines()[-1])
+    assert out.strip().splitlines()[-1].startswith("wrote ")  # the JSON only with --json
+    report = json.loads((tmp_path / "bench.json").read_text())
     assert report["config"]["batch_size"] == 50
     labels = [row["label"] for row in report["rows"]]
     assert labels[0] == "static" and "direct:4" in labels and "direct:6" not in labels  # block 4
@@ -127,8 +130,8 @@ def test_bench_without_a_head_leaves_mrp_modes_out(saved_model_and_head, tmp_pat
                              "--max-new-tokens", "4", "--out", str(tmp_path))
     assert code == 0, err
     assert "note: no MRP head" in out and "direct:1" in out.splitlines()[0]
-    assert [row["label"] for row in json.loads(out.strip().splitlines()[-1])["rows"]] == \
-        ["static", "dynamic:0.5"]
+    assert [row["label"] for row in json.loads((tmp_path / "bench.json").read_text())["rows"]] \
+        == ["static", "dynamic:0.5"]
 
 
 BAD_EVAL = {
@@ -273,13 +276,33 @@ def test_eval_interrupted_says_what_is_saved_and_resumes_exactly(saved_model_and
     assert samples.read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
 
 
-def test_train_backbone_smoke(tmp_path, capsys):
+def test_train_backbone_smoke(tmp_path, capsys, caplog):
+    """It also says what it does from the start: a line before torch loads, then each phase
+    (data, tokenizer, packing) before it runs."""
+    caplog.set_level(logging.INFO, logger="mrp_dlm.training")
     out_dir = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "backbone", "--out", str(out_dir), "--preset", "tiny",
                              "--steps", "2", "--train-examples", "40", "--batch-size", "2",
                              "--seq-len", "128", "--vocab-size", "300")
     assert code == 0, err
     assert (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file()
+    assert err.startswith(f"mrp train backbone: preset tiny, 2 steps, into {out_dir}; loading "
+                          "torch\n")
+    phases = ["generating 40 problems per task (arith, arith-code)",
+              "training a 300-token tokenizer on 160 texts",
+              "tokenizing and packing 80 samples into rows of 128 tokens"]
+    assert [line for line in caplog.messages if line in phases] == phases
+
+
+def test_train_head_without_a_model_trains_on_the_embedded_one(tmp_path, capsys, monkeypatch):
+    from mrp_dlm.training import head_loop
+
+    seen = []
+    monkeypatch.setattr(head_loop, "run_training", lambda config, world: seen.append(config))
+    code, out, err = run_cli(capsys, "train", "head", "--out", str(tmp_path / "head"))
+    assert code == 0, err
+    assert err.startswith("mrp train head: on the embedded model, 2000 steps")
+    assert seen[0].model == str(embedded_model_dir())
 
 
 def test_train_resume_says_what_it_resumes_from(tmp_path, capsys, caplog):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -31,6 +32,16 @@ SUPPORTED_MODEL_TYPES = ("sdar", "qwen3")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # name -> torch dtype
+
+
+def embedded_model_dir() -> Path:
+    """The small SDAR-style model shipped inside the package."""
+    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded"))
+
+
+def embedded_head_dir() -> Path:
+    """The MRP head trained on the embedded model, shipped beside it."""
+    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded-head"))
 
 
 class CheckpointError(ValueError):
