@@ -48,13 +48,18 @@ def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     assert all(row["n"] == 2 for row in report)
     lines = out.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("task")))
-    assert lines[header].split()[-8:] == ["tokens/s", "speedup", "vs", "static", "must", "equal",
-                                          "same", "lossless"]
+    assert lines[header].split()[-10:] == ["tokens/s", "speedup", "vs", "static", "must", "equal",
+                                           "vs", "rule", "same", "lossless"]
     table = {tuple(line.split()[:3]): line.split() for line in lines[header + 1:header + 13]}
-    assert table["arith", "static", "-"][-4:] == ["1.00x", "-", "-", "reference"]
-    assert table["arith", "speculative", "lookahead=3"][-3:] == ["dynamic:0.9", "2/2", "yes"]
+    assert table["arith", "static", "-"][-5:] == ["1.00x", "-", "-", "-", "reference"]
+    spec = table["arith", "speculative", "lookahead=3"]
+    assert spec[-1] == "yes" and spec[-2] == "2/2" and "dynamic:0.9" in spec
+    speed = next(row for row in json.loads(out.strip().splitlines()[-1])["demo"]
+                 if row["task"] == "arith" and row["mode"] == "speculative")["speedup_vs_rule"]
+    assert f"{speed:.2f}x" in spec and (("slower" in spec) == (speed < 1))
     assert table["arith", "direct", "lookahead=4"][-1] == "no"
-    assert lines[header + 13].startswith("accuracy: share of 2 held-out problems per task")
+    assert lines[header + 13].startswith("accuracy: share of 2 held-out problems per task "
+                                         "solved, all 2 decoded as one batch of 2")
     for bar in ("warm-up arith", "arith static", "arith-code speculative:3@0.9"):
         assert bar in err  # progress per task and mode
 
