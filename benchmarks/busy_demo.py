@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mrp_dlm.eval.demo import DEMO_PROBLEMS  # noqa: E402
+from mrp_dlm.eval.defaults import DEMO_PROBLEMS  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
 
 # The demo child: the CLI, with the thread choice logged at INFO so the parent can read it.

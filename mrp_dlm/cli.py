@@ -1,4 +1,8 @@
-"""`mrp`: argparse -> configs -> calls. No logic of its own; the only module that prints."""
+"""`mrp`: argparse -> configs -> calls. No logic of its own; the only module that prints.
+
+Imports at the top stay light (no torch): `mrp --help` and argument errors answer in well
+under a second; each command imports what it runs.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,20 @@ import logging
 import sys
 from pathlib import Path
 
-from mrp_dlm.config import DecodeConfig, HeadTrainConfig, TrainConfig
-from mrp_dlm.eval.bench import BENCH_BATCH_SIZE
-from mrp_dlm.eval.demo import DEMO_PROBLEMS
+from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES, DecodeConfig,
+                            HeadTrainConfig, TrainConfig)
+from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE, DEMO_PROBLEMS, EVAL_BATCH_SIZE
 from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.pareto import PARETO_BATCH_SIZE
-from mrp_dlm.eval.runner import EVAL_BATCH_SIZE
 from mrp_dlm.eval.tasks.registry import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
-from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES
-from mrp_dlm.serving.launch import ServeConfig
+from mrp_dlm.serving.serve_config import ServeConfig
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="checkpoint directory (HF format); default: the embedded model")
-    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPES),
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPE_NAMES),
                         help=f"weights and activations dtype (default: {DEFAULT_DTYPE})")
     parser.add_argument("--device", default=DEFAULT_DEVICE,
                         help=f"torch device (default: {DEFAULT_DEVICE})")
@@ -88,7 +90,7 @@ def add_export_parser(commands) -> None:
                         help="MRP head directory (default: the embedded head with the embedded "
                              "model, a release's own head with a release)")
     export.add_argument("--out", required=True, help="output directory (empty or new)")
-    export.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPES),
+    export.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPE_NAMES),
                         help=f"dtype of the written weights (default: {DEFAULT_DTYPE})")
     export.add_argument("--force", action="store_true",
                         help="write into a non-empty --out, replacing the files it writes")
@@ -103,9 +105,11 @@ def training_log():
 
 
 def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int:
+    config = build_dataclass(TrainConfig, args, train_fields)
+    print(f"mrp train backbone: preset {config.preset}, {config.steps} steps, into {config.out}; "
+          "loading torch", file=sys.stderr, flush=True)  # torch alone takes seconds to import
     from mrp_dlm.training.loop import train_backbone
 
-    config = build_dataclass(TrainConfig, args, train_fields)
     with training_log():
         out = train_backbone(config)
     print(f"checkpoint written to {out}")
@@ -113,9 +117,11 @@ def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int
 
 
 def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
+    config = build_dataclass(HeadTrainConfig, args, train_fields)
+    print(f"mrp train head: on {config.model or 'the embedded model'}, {config.steps} steps, "
+          f"into {config.out}; loading torch", file=sys.stderr, flush=True)
     from mrp_dlm.training.head_loop import train_head
 
-    config = build_dataclass(HeadTrainConfig, args, train_fields)
     with training_log():
         out = train_head(config)
     print(f"head written to {out}")
@@ -131,7 +137,7 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 
 DEMO_COLUMNS = ["task", "mode", "setting", "accuracy", "tokens/forward", "tokens/s",
-                "speedup vs static", "must equal", "same", "lossless"]
+                "speedup vs static", "must equal", "vs rule", "same", "lossless"]
 
 
 def demo_cells(row: dict) -> dict:
@@ -139,20 +145,28 @@ def demo_cells(row: dict) -> dict:
     speedup = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x"
     lossless = "reference" if row["mode"] == BASELINE else ("yes" if row["lossless"] else "no")
     rule = row["reproduces"] if row["lossless"] and row["mode"] != BASELINE else None
+    versus = row["speedup_vs_rule"]
+    against_rule = "-" if rule is None or versus is None else \
+        f"{versus:.2f}x" + (" slower" if versus < 1 else "")  # a lossless row beats its rule or not
     return {"task": row["task"], "mode": row["mode"], "setting": row["setting"] or "-",
             "accuracy": f"{row['accuracy']:.0%}",
             "tokens/forward": f"{row['tokens_per_forward']:.2f}",
             "tokens/s": f"{row['tokens_per_second']:.0f}", "speedup vs static": speedup,
-            "must equal": rule or "-",
+            "must equal": rule or "-", "vs rule": against_rule,
             "same": f"{row['n'] - row['differing_from_rule']}/{row['n']}" if rule else "-",
             "lossless": lossless}
 
 
 def demo_legend(problems: int) -> str:
-    return (f"accuracy: share of {problems} held-out problems per task solved; tokens/forward: "
-            "tokens per backbone forward; speedup: tokens/s over static's, measured in this run; "
-            "lossless: output identical by construction to the rule it must equal (static, or "
-            "dynamic at the speculative threshold); same: on how many problems it was")
+    return (f"accuracy: share of {problems} held-out problems per task solved, all {problems} "
+            f"decoded as one batch of {problems}; tokens/forward: generated tokens (up to the "
+            "stop token) per backbone forward of a row, the prompt's forwards and those that "
+            "finish the last block past the stop included (so static, one token per denoising "
+            "forward, shows less than 1); speedup: tokens/s over static's, measured in this "
+            "run; lossless: output identical by construction to the rule it must equal "
+            "(static, or dynamic at the speculative threshold); vs rule: its tokens/s over "
+            "that rule's, the speed it must beat ('slower': it does not); same: on how many "
+            "problems it was identical")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -250,7 +264,8 @@ def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
         print(f"WARNING: {row['label']} is lossless by construction but differs from "
               f"{row['reproduces']} on {row['differing_from_rule']} of {row['n']} problems")
     print("wrote " + ", ".join(str(path) for path in paths))
-    print(json.dumps(report))
+    if args.json:  # the whole report (8 KB for the default grid) is also in bench.json
+        print(json.dumps(report))
     return 0
 
 
@@ -318,6 +333,8 @@ def add_eval_parsers(commands) -> dict[str, list[str]]:
                            "remask-paper-context:T@D name the remask rule (D: remask_delta; "
                            "remask:T takes --remask-rule); static is always run first "
                            f"(default: {DEFAULT_GRID}; with --pareto, the Pareto sweeps)")
+    grid.add_argument("--json", action="store_true",
+                      help="end with the report as one JSON line (as written to bench.json)")
     bench_fields = add_dataclass_flags(
         grid, DecodeConfig, skip=("stop_token_ids", "mode", *sorted(set(VALUE_FIELDS.values()))))
     return {"eval": eval_fields, "bench": bench_fields}

@@ -23,6 +23,11 @@ MRP_MODES = ("direct", "speculative", "remask")  # modes that need an MRP head
 LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
 REMASK_RULES = ("chain", "paper", "paper-context")  # see `decoding/remask.py`, `decoding/veto.py`
+# What a model loads in unless told (Pipeline, `mrp`). Plain names, so that the CLI builds its
+# help without importing torch (`model/loading.py` maps them to torch dtypes).
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model loads in
+DEFAULT_DTYPE = "float32"  # a DTYPE_NAMES entry
+DEFAULT_DEVICE = "cpu"  # the device a model loads onto
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,17 @@ class DecodeConfig:
                              mask_token_id=model.mask_token_id)
 
 
+def check_block_divides(block_size: int, trained: int, what: str) -> None:
+    """A decode block must tile the block the model was trained with: a block that straddles
+    two trained blocks (7 in 16), or spans several (32 in 16), lets positions attend across
+    a trained block boundary, which the model never saw, and decodes nonsense silently."""
+    if trained % block_size:
+        divisors = [d for d in range(1, trained + 1) if trained % d == 0]
+        raise ValueError(f"block size {block_size} does not divide the block size {trained} "
+                         f"{what} was trained with: its blocks would cross the trained block "
+                         f"boundaries; use one of {', '.join(map(str, divisors))}")
+
+
 @dataclass(frozen=True)
 class BlockSchedule:
     """The per-call facts of a decode after defaults are resolved against the model."""
@@ -278,8 +294,8 @@ REVEAL_RULES = ("static", "dynamic", "random")
 class HeadTrainConfig:
     """MRP head training on a frozen backbone: objective, data, optimiser, checkpoints."""
 
-    model: str  # backbone checkpoint dir (HF format, with its tokenizer); it stays frozen
     out: str  # head checkpoint dir (head + train_state.pt + train_log.jsonl + metrics.jsonl)
+    model: str | None = None  # backbone checkpoint dir (HF format, with its tokenizer); it stays frozen; None: the embedded model
     head_layers: int = HeadConfig.num_layers  # decoder layers of the head
     init_std: float = HeadConfig.init_std  # std of the normal init of the head's matrices
     lookahead: int = 1  # K, chained head steps trained per batch (one reveal and teacher each)
@@ -311,7 +327,7 @@ class HeadTrainConfig:
     device: str = "cpu"  # torch device: cpu, cuda or cuda:N (each process's own under torchrun)
 
     def __post_init__(self) -> None:
-        if not self.model or not self.out:
+        if self.model == "" or not self.out:
             raise ValueError("model and out must name directories")
         check_at_least_one(self, ("head_layers", "lookahead", "reveal_max", "train_examples",
                                   "eval_examples", "seq_len", "batch_size", "steps", "eval_every",

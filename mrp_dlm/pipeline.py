@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-from mrp_dlm.config import MRP_MODES, DecodeConfig
+from mrp_dlm.config import MRP_MODES, DecodeConfig, check_block_divides
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
@@ -22,20 +21,11 @@ from mrp_dlm.decoding.step import Decoder
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
-from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, load_backbone
+from mrp_dlm.model.loading import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, embedded_head_dir,
+                                   embedded_model_dir, load_backbone)
 from mrp_dlm.model.release import is_release_dir
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 from mrp_dlm.threads import set_inference_threads
-
-
-def embedded_model_dir() -> Path:
-    """The small SDAR-style model shipped inside the package."""
-    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded"))
-
-
-def embedded_head_dir() -> Path:
-    """The MRP head trained on the embedded model, shipped beside it."""
-    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded-head"))
 
 
 @dataclass
@@ -55,7 +45,12 @@ class Pipeline:
 
     def decoder(self, config: DecodeConfig) -> Decoder:
         """The decoder of `config`, made once: an adaptive speculative decoder carries what it
-        measured (acceptance, round costs) from one call to the next."""
+        measured (acceptance, round costs) from one call to the next. A block size that does
+        not tile the model's is refused here, for the user; the driver itself takes any (its
+        tests decode random tiny models at other sizes)."""
+        if config.block_size is not None:
+            check_block_divides(config.block_size, self.model.config.block_size,
+                                str(self.directory))
         if config not in self.decoders:
             self.decoders[config] = make_decoder(config, self.head_for(config))
         return self.decoders[config]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import run_cli
-from mrp_dlm.pipeline import Pipeline
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.pipeline import Pipeline, embedded_model_dir
 
 
 def test_generate_prints_text_and_stats(saved_model_and_head, capsys):
@@ -46,13 +48,18 @@ def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     assert all(row["n"] == 2 for row in report)
     lines = out.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("task")))
-    assert lines[header].split()[-8:] == ["tokens/s", "speedup", "vs", "static", "must", "equal",
-                                          "same", "lossless"]
+    assert lines[header].split()[-10:] == ["tokens/s", "speedup", "vs", "static", "must", "equal",
+                                           "vs", "rule", "same", "lossless"]
     table = {tuple(line.split()[:3]): line.split() for line in lines[header + 1:header + 13]}
-    assert table["arith", "static", "-"][-4:] == ["1.00x", "-", "-", "reference"]
-    assert table["arith", "speculative", "lookahead=3"][-3:] == ["dynamic:0.9", "2/2", "yes"]
+    assert table["arith", "static", "-"][-5:] == ["1.00x", "-", "-", "-", "reference"]
+    spec = table["arith", "speculative", "lookahead=3"]
+    assert spec[-1] == "yes" and spec[-2] == "2/2" and "dynamic:0.9" in spec
+    speed = next(row for row in json.loads(out.strip().splitlines()[-1])["demo"]
+                 if row["task"] == "arith" and row["mode"] == "speculative")["speedup_vs_rule"]
+    assert f"{speed:.2f}x" in spec and (("slower" in spec) == (speed < 1))
     assert table["arith", "direct", "lookahead=4"][-1] == "no"
-    assert lines[header + 13].startswith("accuracy: share of 2 held-out problems per task")
+    assert lines[header + 13].startswith("accuracy: share of 2 held-out problems per task "
+                                         "solved, all 2 decoded as one batch of 2")
     for bar in ("warm-up arith", "arith static", "arith-code speculative:3@0.9"):
         assert bar in err  # progress per task and mode
 
@@ -86,7 +93,8 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
     model_dir, head_dir = saved_model_and_head
     code, out, err = run_cli(capsys, "bench", "--task", "arith-code", "--model", str(model_dir),
                              "--head", str(head_dir), "--grid", "speculative:2@0.5,dynamic:0.5",
-                             "--limit", "2", "--max-new-tokens", "6", "--out", str(tmp_path))
+                             "--limit", "2", "--max-new-tokens", "6", "--out", str(tmp_path),
+                             "--json")
     assert code == 0, err
     assert "| arith-code | speculative:2@0.5 |" in out
     assert "warm-up arith-code" in err and "arith-code speculative:2@0.5" in err  # progress
@@ -97,6 +105,7 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
     assert (spec["reproduces"], spec["identical_to_rule"], spec["differing_from_rule"]) == \
         ("dynamic:0.5", 1.0, 0)
     assert report["config"]["head"] == str(head_dir.resolve())
+    assert json.loads((tmp_path / "bench.json").read_text()) == report
     for name in ("bench.json", "bench.md", "pareto.md", "accuracy_vs_speedup.png",
                  "accuracy_vs_tokens_per_forward.png"):
         assert (tmp_path / name).is_file()
@@ -109,7 +118,8 @@ def test_bench_pareto_sweeps_every_family_and_judges_it(saved_model_and_head, tm
                              "--max-new-tokens", "4", "--out", str(tmp_path))
     assert code == 0, err
     assert "| vs frontier (points) |" in out.splitlines()[0]
-    report = json.loads(out.strip().splitlines()[-1])
+    assert out.strip().splitlines()[-1].startswith("wrote ")  # the JSON only with --json
+    report = json.loads((tmp_path / "bench.json").read_text())
     assert report["config"]["batch_size"] == 50
     labels = [row["label"] for row in report["rows"]]
     assert labels[0] == "static" and "direct:4" in labels and "direct:6" not in labels  # block 4
@@ -125,8 +135,8 @@ def test_bench_without_a_head_leaves_mrp_modes_out(saved_model_and_head, tmp_pat
                              "--max-new-tokens", "4", "--out", str(tmp_path))
     assert code == 0, err
     assert "note: no MRP head" in out and "direct:1" in out.splitlines()[0]
-    assert [row["label"] for row in json.loads(out.strip().splitlines()[-1])["rows"]] == \
-        ["static", "dynamic:0.5"]
+    assert [row["label"] for row in json.loads((tmp_path / "bench.json").read_text())["rows"]] \
+        == ["static", "dynamic:0.5"]
 
 
 BAD_EVAL = {
@@ -174,18 +184,41 @@ def test_lookahead_beyond_the_block_fails_cleanly(saved_model_and_head, tmp_path
     assert not out_dir.exists()
 
 
+@pytest.mark.parametrize("block_size", [3, 8])
+def test_a_decode_block_that_does_not_divide_the_models_is_refused(tiny_model, block_size):
+    """The tiny model is trained at block 4: blocks of 3 or 8 would cross its block
+    boundaries; 1, 2 and 4 tile it. Pipeline refuses them (the driver takes any)."""
+    pipe = Pipeline(model=tiny_model, tokenizer=None, directory=Path("tiny"))
+    with pytest.raises(ValueError, match=rf"block size {block_size} does not divide the block "
+                       r"size 4 tiny was trained with: .*use one of 1, 2, 4$"):
+        pipe.decoder(DecodeConfig(block_size=block_size))
+    pipe.decoder(DecodeConfig(block_size=2))
+
+
+@pytest.mark.parametrize("block_size", ["3", "7", "8"])
+def test_a_block_size_that_does_not_tile_the_models_is_refused(saved_model_and_head, capsys,
+                                                               block_size):
+    model_dir, _ = saved_model_and_head  # trained at block size 4
+    code, out, err = run_cli(capsys, "generate", "--model", str(model_dir), "--prompt", "hi",
+                             "--block-size", block_size, "--lookahead", "1")
+    assert code == 2 and out == ""
+    assert err == (f"mrp: error: block size {block_size} does not divide the block size 4 "
+                   f"{model_dir} was trained with: its blocks would cross the trained block "
+                   "boundaries; use one of 1, 2, 4\n")
+
+
 def test_a_head_that_does_not_fit_stops_only_the_modes_that_use_it(saved_model_and_head,
                                                                      capsys):
     model_dir, head_dir = saved_model_and_head  # the head was trained at block size 4
     argv = ["generate", "--model", str(model_dir), "--head", str(head_dir), "--prompt", "hi",
-            "--block-size", "8", "--max-new-tokens", "4"]
+            "--block-size", "2", "--lookahead", "2", "--max-new-tokens", "4"]
     for mode in ("static", "dynamic"):
         code, out, err = run_cli(capsys, *argv, "--mode", mode)
         assert code == 0, err
     code, out, err = run_cli(capsys, *argv, "--mode", "speculative")
     assert code == 2 and out == ""
     assert re.fullmatch(r"mrp: error: the head in \S+ was trained on another backbone: "
-                        r".*block_size: head 4 vs backbone 8.*\n", err), err
+                        r".*block_size: head 4 vs backbone 2.*\n", err), err
 
 
 @pytest.mark.parametrize("command", ["eval", "bench"])
@@ -200,6 +233,26 @@ def test_an_out_that_is_a_file_fails_cleanly(saved_model_and_head, tmp_path, cap
                                     "--limit", "1", "--out", str(out))
         assert code == 2 and stdout == "" and err.startswith(f"mrp: error: {message}"), err
     assert path.read_text() == "keep me" and list(path.parent.iterdir()) == [path]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("command", ["eval", "bench"])
+def test_an_unwritable_out_fails_before_any_decode(saved_model_and_head, capsys, monkeypatch,
+                                                   command):
+    """/proc takes no new files, even from root (whom chmod would not stop): the command
+    refuses --out before it loads the model, not after decoding the whole grid."""
+    model_dir, _ = saved_model_and_head
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before --out was checked")
+
+    monkeypatch.setattr(Pipeline, "load", no_load)
+    out = "/proc/mrp-bench-out"
+    code, stdout, err = run_cli(capsys, command, "--task", "arith", "--model", str(model_dir),
+                                "--limit", "1", "--out", out)
+    assert code == 2 and stdout == "", err
+    assert err.startswith(f"mrp: error: cannot write the output directory {out}: writing in "
+                          "/proc fails"), err
 
 
 def test_eval_interrupted_says_what_is_saved_and_resumes_exactly(saved_model_and_head, tmp_path,
@@ -228,13 +281,33 @@ def test_eval_interrupted_says_what_is_saved_and_resumes_exactly(saved_model_and
     assert samples.read_text() == (tmp_path / "whole" / "samples.jsonl").read_text()
 
 
-def test_train_backbone_smoke(tmp_path, capsys):
+def test_train_backbone_smoke(tmp_path, capsys, caplog):
+    """It also says what it does from the start: a line before torch loads, then each phase
+    (data, tokenizer, packing) before it runs."""
+    caplog.set_level(logging.INFO, logger="mrp_dlm.training")
     out_dir = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "backbone", "--out", str(out_dir), "--preset", "tiny",
                              "--steps", "2", "--train-examples", "40", "--batch-size", "2",
                              "--seq-len", "128", "--vocab-size", "300")
     assert code == 0, err
     assert (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file()
+    assert err.startswith(f"mrp train backbone: preset tiny, 2 steps, into {out_dir}; loading "
+                          "torch\n")
+    phases = ["generating 40 problems per task (arith, arith-code)",
+              "training a 300-token tokenizer on 160 texts",
+              "tokenizing and packing 80 samples into rows of 128 tokens"]
+    assert [line for line in caplog.messages if line in phases] == phases
+
+
+def test_train_head_without_a_model_trains_on_the_embedded_one(tmp_path, capsys, monkeypatch):
+    from mrp_dlm.training import head_loop
+
+    seen = []
+    monkeypatch.setattr(head_loop, "run_training", lambda config, world: seen.append(config))
+    code, out, err = run_cli(capsys, "train", "head", "--out", str(tmp_path / "head"))
+    assert code == 0, err
+    assert err.startswith("mrp train head: on the embedded model, 2000 steps")
+    assert seen[0].model == str(embedded_model_dir())
 
 
 def test_train_resume_says_what_it_resumes_from(tmp_path, capsys, caplog):
@@ -366,3 +439,18 @@ def test_export_defaults_to_the_embedded_model_and_head(tmp_path, capsys):
         for name, tensor in ours.state_dict().items():
             assert torch.equal(theirs.state_dict()[name], tensor), name
     assert release.tokenizer is not None
+
+
+def test_help_and_argument_errors_do_not_import_torch():
+    """`mrp --help` and a bad flag answer from the parser alone: no torch, well under a
+    second (each command imports what it runs)."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom mrp_dlm import cli\n"
+              "for argv in (['--help'], ['serve', '--help'], ['bench', '--task', 'nope']):\n"
+              "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
+              "print(sorted(m for m in ('torch', 'tqdm', 'sglang') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import pareto, plots, provenance, store
+from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE
 from mrp_dlm.eval.grid import LOSSLESS_MODES, family_of, grid_label, rule_of, setting_of
 from mrp_dlm.eval.runner import (EvalResult, check_batch_size, check_config, collect, evaluate,
                                  evaluate_batches)
@@ -45,7 +46,6 @@ from mrp_dlm.model.loading import write_atomic
 from mrp_dlm.pipeline import Pipeline
 
 WARMUP_PROBLEMS = 2  # problems per config in the excluded warm-up pass
-BENCH_BATCH_SIZE = 1  # prompts per decode call: wall-clock speedups are judged at batch 1
 BENCH_FILE, TABLE_FILE, PARETO_FILE = "bench.json", "bench.md", "pareto.md"
 PLOTS = {"accuracy_vs_speedup.png": ("speedup", "speedup over static (tokens/s ratio)"),
          "accuracy_vs_tokens_per_forward.png": ("tokens_per_forward",

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.eval.bench import bench_rows, run_bench, split_by_head
+from mrp_dlm.eval.defaults import DEMO_PROBLEMS
 from mrp_dlm.eval.runner import EvalResult
 from mrp_dlm.eval.tasks.registry import EMBEDDED_TASKS, get_task
 from mrp_dlm.pipeline import Pipeline
 
-DEMO_PROBLEMS = 20  # held-out problems per task
 DEMO_MAX_NEW_TOKENS = 128  # longest reference answers are ~90 tokens
 DEMO_CONFIGS = tuple(DecodeConfig(max_new_tokens=DEMO_MAX_NEW_TOKENS, **fields) for fields in (
     dict(mode="static"),

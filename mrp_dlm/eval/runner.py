@@ -20,11 +20,11 @@ from tqdm import tqdm
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import store
+from mrp_dlm.eval.defaults import EVAL_BATCH_SIZE
 from mrp_dlm.eval.grid import grid_label, setting_of
 from mrp_dlm.eval.tasks.common import Example, Task
 from mrp_dlm.pipeline import Pipeline
 
-EVAL_BATCH_SIZE = 16  # prompts per decode call
 SPEED_KEYS = ("stats_note", "stats", "wall_seconds")  # summary figures of one decoding invocation
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,12 +101,19 @@ def read_samples(path: Path) -> list[dict]:
 
 
 def check_out_dir(path: Path) -> None:
-    """Refuse an output directory that a file stands in the way of (before anything is written)."""
+    """Refuse an output directory that a file stands in the way of or that cannot be written
+    (before anything is decoded: a bench writes only at its end). Creates nothing."""
     existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at the latest
     if existing == path and not path.is_dir():
         raise ValueError(f"{path} exists and is not a directory; give --out a directory")
     if not existing.is_dir():
         raise ValueError(f"{path} cannot be a directory: {existing} is not a directory")
+    try:  # a real write, not os.access: root passes access checks on a read-only mount
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise ValueError(f"cannot write the output directory {path}: writing in {existing} "
+                         f"fails ({error.strerror or error}); give --out a writable place") from None
 
 
 @dataclass(frozen=True)

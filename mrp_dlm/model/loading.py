@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+from importlib import resources
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig
+from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES, SDAR_BLOCK_SIZE,
+                            SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig,
+                            check_block_divides)
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 
@@ -28,9 +31,17 @@ log = logging.getLogger(__name__)
 SUPPORTED_MODEL_TYPES = ("sdar", "qwen3")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_DTYPE = "float32"  # a DTYPES name: what a model loads in unless told (Pipeline, `mrp`)
-DEFAULT_DEVICE = "cpu"  # the device a model loads onto unless told (Pipeline, `mrp`)
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # name -> torch dtype
+
+
+def embedded_model_dir() -> Path:
+    """The small SDAR-style model shipped inside the package."""
+    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded"))
+
+
+def embedded_head_dir() -> Path:
+    """The MRP head trained on the embedded model, shipped beside it."""
+    return Path(str(resources.files("mrp_dlm") / "assets" / "embedded-head"))
 
 
 class CheckpointError(ValueError):
@@ -86,6 +97,11 @@ def config_from_hf(raw: dict, stop_ids: tuple[int, ...], mask_token_id: int | No
                    block_size: int | None = None, path: Path = Path("config.json")) -> BackboneConfig:
     """BackboneConfig from a config.json dict; flags override the file, the file the defaults."""
     check_supported(raw, path)
+    if block_size is not None and raw.get("block_size"):  # a file without it: trained block unknown
+        try:
+            check_block_divides(block_size, raw["block_size"], str(path.parent))
+        except ValueError as error:
+            raise CheckpointError(str(error)) from None
     try:
         return BackboneConfig(
             vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],

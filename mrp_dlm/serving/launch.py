@@ -17,6 +17,9 @@ the SGLang command, its environment and the algorithm's YAML. What it chooses:
   no `SDARMRPForCausalLM`, so SGLang gets a view of it as `SDARForCausalLM` (config
   rewritten, weights symlinked; our SGLang model skips the head's tensors) and the MRP
   algorithms its head from the release's own directory;
+- an MRP head is checked against the checkpoint here (the fingerprint `mrp generate` checks:
+  shape, block size, mask id, lm_head), so a head from another model is refused in one line
+  before SGLang starts rather than in its traceback;
 - a request that leaves out `temperature` is greedy: `--preferred-sampling-params
   '{"temperature": 0}'`, which `request_defaults.py` makes the OpenAI endpoints honour.
 
@@ -35,15 +38,13 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from mrp_dlm.config import DecodeConfig
 from mrp_dlm.model.loading import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
-from mrp_dlm.model.release import backbone_config, is_release_dir
+from mrp_dlm.model.release import backbone_config, is_release_dir, release_fingerprint
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
+from mrp_dlm.serving.serve_config import ALGORITHMS, HOST, ServeConfig, ServeError  # noqa: F401
 from mrp_dlm.threads import choose_threads, usable_cpus
 
-ALGORITHMS = (*MRP_ALGORITHMS, "LowConfidence")  # what `mrp serve --algorithm` takes
-HOST = "127.0.0.1"  # the server listens on this machine only
 GREEDY_DEFAULTS = {"temperature": 0}  # what a request gets for the fields it leaves out
 CPU_MAX_RUNNING_REQUESTS = 8  # on a CPU, every request of a batch shares each forward's cost
 CPU_KV_MEMORY_SHARE = 0.25  # at most this share of the available memory goes to the KV pool
@@ -54,48 +55,6 @@ INSTALL_HINT = ("install it with `pip install 'mrp-dlm[sglang]'` on a CUDA host,
 DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # safetensors -> torch
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 VIEW_NAME = "sdar-view"  # a release's SDAR view, written beside the algorithm's YAML
-
-
-class ServeError(ValueError):
-    """A serve request that cannot run, with a message that says what to do."""
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """What `mrp serve` takes; everything else it chooses."""
-
-    model: str | None = None  # checkpoint directory (HF format); unset: the embedded model
-    head: str | None = None  # MRP head directory; unset: the embedded head with the embedded model
-    algorithm: str = "MrpSpeculative"  # MrpSpeculative (lossless), MrpDirect or LowConfidence
-    threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
-    lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
-    adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay
-    port: int = 30000  # HTTP port on 127.0.0.1
-    device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
-
-    def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ServeError(f"unknown algorithm {self.algorithm!r}; choose one of "
-                             f"{', '.join(ALGORITHMS)}")
-        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
-            raise ServeError(f"threshold must be in (0, 1], got {self.threshold}")
-        if self.lookahead < 1:
-            raise ServeError(f"lookahead must be >= 1, got {self.lookahead}")
-        if not 0 < self.port < 65536:
-            raise ServeError(f"port must be in 1..65535, got {self.port}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ServeError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.algorithm == "MrpDirect" and self.threshold is not None:
-            raise ServeError("MrpDirect takes no threshold (it commits the static pick and K "
-                             "head picks per forward); --threshold is for MrpSpeculative and "
-                             "LowConfidence")
-        if self.algorithm == "LowConfidence" and self.head is not None:
-            raise ServeError("LowConfidence uses no MRP head; leave out --head")
-
-    @property
-    def rule_threshold(self) -> float:
-        """The threshold of the rule MrpSpeculative reproduces and LowConfidence runs."""
-        return DecodeConfig.threshold if self.threshold is None else self.threshold
 
 
 @dataclass(frozen=True)
@@ -211,6 +170,21 @@ def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
     return head
 
 
+def check_head_fits(head: Path, model_dir: Path, dtype: str) -> None:
+    """Refuse a head trained on another backbone now, in one line, instead of in SGLang's
+    traceback after it has started (half a minute on a CPU). The same fingerprint check as
+    `head_loading.load_head`, on the checkpoint's files: its config and its lm_head tensor
+    (the one tensor read; no model is built)."""
+    import torch
+
+    from mrp_dlm.model.head_loading import mismatch_message, read_head_meta
+
+    saved = release_fingerprint(head) if is_release_dir(head) else read_head_meta(head)[1]
+    differences = saved.differences(release_fingerprint(model_dir))
+    if differences:
+        raise ServeError(mismatch_message(head, differences, getattr(torch, dtype)))
+
+
 def algorithm_yaml(config: ServeConfig, head: Path | None) -> str:
     """The dLLM algorithm config SGLang reads (`--dllm-algorithm-config`)."""
     if config.algorithm == "LowConfidence":
@@ -276,6 +250,8 @@ def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
         else embedded_model_dir().resolve()
     checkpoint = read_checkpoint(model_dir)
     head = head_for(config, model_dir)
+    if head is not None and head != model_dir:  # a release's own head fits by construction
+        check_head_fits(head, model_dir, checkpoint.dtype)
     device = resolve_device(config.device)
     view_of = model_dir if is_release_dir(model_dir) else None
     served = yaml_path.with_name(VIEW_NAME) if view_of else model_dir

@@ -12,6 +12,9 @@ only mode counted) each call is one forward of every request in the batch:
   stats count them; the ratios are over finished requests;
 - MrpSpeculative adds its drafting rounds: the rounds that verified at least one head
   draft, the drafts verified and the drafts accepted (`record_round`).
+SGLang's own requests are not counted: its start-up warm-up (one `/generate` of
+WARMUP_TEXT, 8 tokens) and every `/health_generate` check (rid HEALTH_CHECK_...), so two
+chats read as two requests.
 The log has one line per finished request, with the server's totals. With
 `--enable-metrics`, the counters METRICS (label `algorithm`) join SGLang's on `/metrics`:
 SGLang collects every process's prometheus_client values from PROMETHEUS_MULTIPROC_DIR,
@@ -33,6 +36,9 @@ log = logging.getLogger(__name__)
 COUNTED_ALGORITHMS = ("MrpSpeculative", "MrpDirect", "LowConfidence")  # on SDAR models
 SCHEDULER_TARGET = ("sglang.srt.dllm.mixin.scheduler.SchedulerDllmMixin."
                     "process_batch_result_dllm")
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"  # sglang.srt.constants: /health_generate's requests
+WARMUP_TEXT = "The capital city of France is"  # what SGLang's server warm-up decodes
+WARMUP_MAX_NEW_TOKENS = 8  # and how many tokens it asks for (http_server._execute_server_warmup)
 METRICS = {  # ServingStats counter -> (Prometheus name without _total, help)
     "requests": ("mrp_dlm_requests", "finished requests"),
     "forwards": ("mrp_dlm_forwards", "forwards of finished requests' generation blocks"),
@@ -178,6 +184,15 @@ def returned_tokens(req: Any) -> int:
     return len(req.output_ids) if limit is None else min(len(req.output_ids), limit)
 
 
+def is_server_probe(req: Any) -> bool:
+    """A request SGLang sends itself (start-up warm-up, health check), not a client's."""
+    if str(req.rid).startswith(HEALTH_CHECK_RID_PREFIX):
+        return True
+    params = getattr(req, "sampling_params", None)
+    return getattr(req, "origin_input_text", None) == WARMUP_TEXT \
+        and getattr(params, "max_new_tokens", None) == WARMUP_MAX_NEW_TOKENS
+
+
 def count_dllm_result(original, scheduler, batch, result, *args, **kwargs):
     """Around `process_batch_result_dllm`: count the forward's requests, log each finished
     one, export the counters when metrics are on."""
@@ -188,7 +203,7 @@ def count_dllm_result(original, scheduler, batch, result, *args, **kwargs):
     output = original(scheduler, batch, result, *args, **kwargs)
     rows = [RequestForward(rid=str(req.rid), generating=gen, finished=req.finished(),
                            returned=returned_tokens(req) if req.finished() else 0)
-            for req, gen in zip(batch.reqs, generating)]
+            for req, gen in zip(batch.reqs, generating) if not is_server_probe(req)]
     stats = stats_of(algorithm)
     for done in stats.record(rows):
         log.info("%s: request %s returned %d tokens in %d forwards; server: %s",

@@ -23,6 +23,7 @@ Shapes: B rows, T tokens per row, K lookahead.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -40,7 +41,7 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head, save_head
-from mrp_dlm.model.loading import SINGLE_FILE, load_backbone
+from mrp_dlm.model.loading import SINGLE_FILE, embedded_model_dir, load_backbone
 from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
 from mrp_dlm.training import loop
 from mrp_dlm.training.data import (BatchSchedule, PackedBatch, SpecialIds, chat_samples,
@@ -169,6 +170,8 @@ def start_head_run(config: HeadTrainConfig, world: World, backbone: Backbone,
 def load_data(config: HeadTrainConfig, tokenizer: TextTokenizer, special: SpecialIds,
               block_size: int, world: World) -> tuple[BatchSchedule, list[HeldOutBatch]]:
     """The training schedule (global batches) and this process's share of the held-out set."""
+    log.info("generating, tokenizing and packing %d problems per task (%s)",
+             config.train_examples, ", ".join(config.task_names))
     problems, targets = task_texts(config.task_names, config.train_examples)
     schedule = BatchSchedule(chat_samples(problems, targets, tokenizer, block_size),
                              config.seq_len, config.batch_size, config.seed, special.pad)
@@ -178,6 +181,7 @@ def load_data(config: HeadTrainConfig, tokenizer: TextTokenizer, special: Specia
 def load_held_out(config: HeadTrainConfig, tokenizer: TextTokenizer, special: SpecialIds,
                   block_size: int, world: World) -> list[HeldOutBatch]:
     """This process's share of the first `config.eval_examples` test problems per task."""
+    log.info("held-out set: %d test problems per task", config.eval_examples)
     problems, targets = task_texts(config.task_names, config.eval_examples, split="test")
     return build_held_out(chat_samples(problems, targets, tokenizer, block_size), config,
                           special, world)
@@ -268,8 +272,11 @@ def run_evaluation(run: HeadRun, held_out: list[HeldOutBatch], step: int,
 
 
 def train_head(config: HeadTrainConfig) -> Path:
-    """Train (or resume) an MRP head as configured; returns the output directory."""
+    """Train (or resume) an MRP head as configured (no model: on the embedded one); returns
+    the output directory."""
     resolve_device(config.device)  # fail before anything is written
+    if config.model is None:
+        config = dataclasses.replace(config, model=str(embedded_model_dir()))
     world = join_world(config.device)
     try:
         out = run_training(config, world)
@@ -284,6 +291,7 @@ def run_training(config: HeadTrainConfig, world: World) -> Path:
         raise ValueError(f"batch_size ({config.batch_size}) must be a multiple of the "
                          f"number of processes ({world.size})")
     precision = loop.autocast_dtype(config)
+    log.info("loading the backbone %s", config.model)
     backbone = load_frozen_backbone(config, precision or torch.float32, world.device)
     tokenizer, special = model_tokenizer(config, backbone)
     L = backbone.config.block_size

@@ -119,6 +119,7 @@ def prepare_tokenizer(config: TrainConfig, out: Path, texts: list[str],
                 if (Path(config.init_from) / name).is_file():
                     shutil.copy2(Path(config.init_from) / name, out / name)
         else:
+            log.info("training a %d-token tokenizer on %d texts", config.vocab_size, len(texts))
             save_tokenizer(train_tokenizer(texts, config.vocab_size), out)
     tokenizer = load_tokenizer(out)
     if tokenizer is None or tokenizer.chat_template is None:
@@ -304,8 +305,12 @@ def train_backbone(config: TrainConfig) -> Path:
     resolve_device(config.device)  # fail before anything is written
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
+    log.info("generating %d problems per task (%s)", config.train_examples,
+             ", ".join(config.task_names))
     problems, targets = task_texts(config.task_names, config.train_examples)
     tokenizer, model, optimizer, progress = start_run(config, out, problems + targets)
+    log.info("tokenizing and packing %d samples into rows of %d tokens", len(problems),
+             config.seq_len)
     samples = chat_samples(problems, targets, tokenizer, model.config.block_size)
     schedule = BatchSchedule(samples, config.seq_len, config.batch_size, config.seed,
                              find_special_ids(tokenizer).pad)

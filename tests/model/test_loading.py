@@ -142,8 +142,17 @@ def test_flags_override_the_file(fixtures_dir, tmp_path):
     directory = copy_config(fixtures_dir / "sdar-8b-chat", tmp_path, block_size=8,
                             mask_token_id=151668)
     assert (read_config(directory).block_size, read_config(directory).mask_token_id) == (8, 151668)
-    config = read_config(directory, mask_token_id=151669, block_size=32)
-    assert (config.block_size, config.mask_token_id) == (32, 151669)
+    config = read_config(directory, mask_token_id=151669, block_size=4)
+    assert (config.block_size, config.mask_token_id) == (4, 151669)
+
+
+@pytest.mark.parametrize("block_size", [3, 7, 16])
+def test_a_block_size_that_does_not_divide_the_trained_one_is_refused(fixtures_dir, tmp_path,
+                                                                     block_size):
+    directory = copy_config(fixtures_dir / "sdar-8b-chat", tmp_path, block_size=8)
+    with pytest.raises(CheckpointError, match=rf"block size {block_size} does not divide the "
+                       r"block size 8 .* trained with: .* use one of 1, 2, 4, 8$"):
+        read_config(directory, block_size=block_size)
 
 
 def test_stop_ids_fall_back_to_config_then_defaults(tmp_path, make_model):

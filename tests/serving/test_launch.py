@@ -25,6 +25,7 @@ import yaml
 from conftest import random_backbone, random_head, tiny_config
 from mrp_dlm.cli import main
 from mrp_dlm.config import DecodeConfig
+from mrp_dlm.model.head_loading import save_head
 from mrp_dlm.model.loading import save_backbone
 from mrp_dlm.model.release import export_release
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
@@ -152,6 +153,26 @@ def test_heads_are_required_and_checked(tmp_path, cpu_machine):
     plan = plan_launch(ServeConfig(model=str(tmp_path / "model"), algorithm="LowConfidence"),
                        tmp_path / "a.yaml", [], {})
     assert plan.head is None and flag(plan.argv, "--served-model-name") == "model"
+
+
+def test_a_head_from_another_model_is_refused_before_sglang_starts(tmp_path, cpu_machine,
+                                                                  monkeypatch):
+    """The fingerprint check of `mrp generate`, in the plan: one line, no SGLang."""
+    model = random_backbone(tiny_config())
+    save_backbone(model, tmp_path / "model")
+    save_head(random_head(model, 0), model, tmp_path / "fits")
+    other = random_backbone(tiny_config(), seed=5)  # same shapes, other weights
+    save_head(random_head(other, 0), other, tmp_path / "other")
+    plan = plan_launch(ServeConfig(model=str(tmp_path / "model"), head=str(tmp_path / "fits")),
+                       tmp_path / "a.yaml", [], {})
+    assert plan.head == (tmp_path / "fits").resolve()
+    monkeypatch.setattr(process, "check_sglang", lambda: None)
+    monkeypatch.setattr(process, "start", lambda plan: pytest.fail("the server was started"))
+    wrong = ServeConfig(model=str(tmp_path / "model"), head=str(tmp_path / "other"))
+    assert main(["serve", "--model", wrong.model, "--head", wrong.head]) == 2
+    with pytest.raises(ServeError, match=r"^the head in \S+other was trained on another "
+                       r"backbone: lm_head_sha256: head '\w+' vs backbone '\w+'$"):
+        plan_launch(wrong, tmp_path / "a.yaml", [], {})
 
 
 def test_a_release_is_served_as_sdar_with_its_own_head(tmp_path, cpu_machine, monkeypatch):

@@ -1,0 +1,59 @@
+"""What `mrp serve` takes (`ServeConfig`) and how it refuses (`ServeError`).
+
+Light to import (no torch, no SGLang): the CLI builds `mrp serve`'s flags from this class
+and answers `--help` and argument errors without importing torch.
+
+Deliberately not here: what the config turns into (the SGLang command, see `launch.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mrp_dlm.config import DecodeConfig
+from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
+
+ALGORITHMS = (*MRP_ALGORITHMS, "LowConfidence")  # what `mrp serve --algorithm` takes
+HOST = "127.0.0.1"  # the server listens on this machine only
+
+
+class ServeError(ValueError):
+    """A serve request that cannot run, with a message that says what to do."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `mrp serve` takes; everything else it chooses."""
+
+    model: str | None = None  # checkpoint directory (HF format); unset: the embedded model
+    head: str | None = None  # MRP head directory; unset: the embedded head with the embedded model
+    algorithm: str = "MrpSpeculative"  # MrpSpeculative (lossless), MrpDirect or LowConfidence
+    threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
+    lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
+    adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay
+    port: int = 30000  # HTTP port on 127.0.0.1
+    device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ServeError(f"unknown algorithm {self.algorithm!r}; choose one of "
+                             f"{', '.join(ALGORITHMS)}")
+        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
+            raise ServeError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.lookahead < 1:
+            raise ServeError(f"lookahead must be >= 1, got {self.lookahead}")
+        if not 0 < self.port < 65536:
+            raise ServeError(f"port must be in 1..65535, got {self.port}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ServeError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.algorithm == "MrpDirect" and self.threshold is not None:
+            raise ServeError("MrpDirect takes no threshold (it commits the static pick and K "
+                             "head picks per forward); --threshold is for MrpSpeculative and "
+                             "LowConfidence")
+        if self.algorithm == "LowConfidence" and self.head is not None:
+            raise ServeError("LowConfidence uses no MRP head; leave out --head")
+
+    @property
+    def rule_threshold(self) -> float:
+        """The threshold of the rule MrpSpeculative reproduces and LowConfidence runs."""
+        return DecodeConfig.threshold if self.threshold is None else self.threshold
