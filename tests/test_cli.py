@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -451,6 +452,9 @@ def test_help_and_argument_errors_do_not_import_torch():
               "for argv in (['--help'], ['serve', '--help'], ['bench', '--task', 'nope']):\n"
               "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n"
               "print(sorted(m for m in ('torch', 'tqdm', 'sglang') if m in sys.modules))")
+    # Without the serving tests' CPU stand-ins, which a .pth file loads (with torch) in every
+    # process while MRP_SGLANG_CPU_STANDINS is set: a user's shell has no such variable.
+    env = {k: v for k, v in os.environ.items() if k != "MRP_SGLANG_CPU_STANDINS"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          check=True)
+                          check=True, env=env)
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
