@@ -193,6 +193,9 @@ def algorithm_yaml(config: ServeConfig, head: Path | None) -> str:
     if config.algorithm == "MrpSpeculative":
         text += (f"threshold: {config.rule_threshold}\n"
                  f"adaptive: {'true' if config.adaptive else 'false'}\n")
+    if config.algorithm == "MrpRemask":
+        text += (f"threshold: {config.rule_threshold}\nremask_rule: {config.remask_rule}\n"
+                 f"remask_delta: {config.remask_delta}\n")
     return text
 
 
@@ -277,6 +280,9 @@ def describe(config: ServeConfig, plan: LaunchPlan) -> str:
                    f"output at threshold {config.rule_threshold}")
     elif config.algorithm == "MrpDirect":
         setting = f"lookahead {config.lookahead}; lossy"
+    elif config.algorithm == "MrpRemask":
+        setting = (f"threshold {config.rule_threshold}, rule {config.remask_rule}, delta "
+                   f"{config.remask_delta}; lossy")
     else:
         setting = f"threshold {config.rule_threshold}"
     head = f", head {plan.head}" if plan.head else ""

@@ -2,7 +2,7 @@
 
 SGLang calls `load()` in every one of its processes before it resolves server arguments.
 It then
-- registers `MrpSpeculative` and `MrpDirect` in SGLang's algorithm registry (a module
+- registers `MrpSpeculative`, `MrpDirect` and `MrpRemask` in SGLang's algorithm registry (a module
   dict read at call time), so `--dllm-algorithm MrpSpeculative` finds them;
 - points SGLANG_EXTERNAL_MODEL_PACKAGE at `mrp_dlm.serving.models`, so our
   `SDARForCausalLM` (SGLang's, plus the head, hidden states and SUBS) serves SDAR
@@ -38,7 +38,7 @@ from mrp_dlm.serving.stats import register_stats_hook
 log = logging.getLogger(__name__)
 
 MODELS_PACKAGE = "mrp_dlm.serving.models"
-ALGORITHMS = ("MrpSpeculative", "MrpDirect")  # the names `--dllm-algorithm` takes
+ALGORITHMS = ("MrpSpeculative", "MrpDirect", "MrpRemask")  # the names `--dllm-algorithm` takes
 
 
 def load() -> None:
@@ -63,9 +63,10 @@ def register_algorithms() -> None:
     from sglang.srt.dllm import algorithm as registry
 
     from mrp_dlm.serving.direct import MrpDirect
+    from mrp_dlm.serving.remask import MrpRemask
     from mrp_dlm.serving.speculative import MrpSpeculative
 
-    algorithms = {cls.__name__: cls for cls in (MrpSpeculative, MrpDirect)}
+    algorithms = {cls.__name__: cls for cls in (MrpSpeculative, MrpDirect, MrpRemask)}
     assert tuple(algorithms) == ALGORITHMS
     registry.algo_name_to_cls.update(algorithms)
 

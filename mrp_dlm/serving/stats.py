@@ -33,7 +33,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-COUNTED_ALGORITHMS = ("MrpSpeculative", "MrpDirect", "LowConfidence")  # on SDAR models
+COUNTED_ALGORITHMS = ("MrpSpeculative", "MrpDirect", "MrpRemask", "LowConfidence")  # on SDAR models
 SCHEDULER_TARGET = ("sglang.srt.dllm.mixin.scheduler.SchedulerDllmMixin."
                     "process_batch_result_dllm")
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"  # sglang.srt.constants: /health_generate's requests

@@ -24,6 +24,7 @@ from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
 from mrp_dlm.serving.sampling import request_seed, rows_sampling  # noqa: E402
+from mrp_dlm.serving.remask import MrpRemask  # noqa: E402
 from mrp_dlm.serving.speculative import MrpSpeculative  # noqa: E402
 from test_algorithms import (LENGTHS, MASK, MAX_NEW, backbone, dllm_config, robust_prompts,  # noqa: E402
                              runner_with_head, saved_head)
@@ -74,6 +75,28 @@ def test_sampled_requests_equal_the_library_per_request(tmp_path, block_size, th
         want = generate(model, [prompt], config, make_decoder(config)).token_ids[0]
         assert got[index] == want, f"request {index} {REQUESTS[index]}: {got[index]} != {want}"
     assert got[0] != got[1] or prompts[0] != prompts[1]
+
+
+@pytest.mark.parametrize("rule", ["paper", "paper-context"])
+def test_sampled_remask_requests_equal_the_library_per_request(tmp_path, rule):
+    block_size, threshold, delta = 4, 0.3, 1.0
+    model = backbone(3, block_size, False)
+    head = random_head(model, 7, norm=0.3)
+    configs = [DecodeConfig(**{**library_config(block_size, threshold, *r).__dict__,
+                               "mode": "remask", "remask_rule": rule, "remask_delta": delta})
+               for r in REQUESTS]
+    runner = runner_with_head(model, block_size, saved_head(tmp_path, model, head))
+    prompts = [robust_prompts(model, config, runner.model.mrp_head)[i % len(LENGTHS)]
+               for i, config in enumerate(configs)]
+    algorithm = MrpRemask(dllm_config("MrpRemask", block_size, head=str(tmp_path / "head"),
+                                      threshold=threshold, remask_rule=rule, remask_delta=delta))
+    params = [sglang_params(*r) for r in REQUESTS]
+    params[2].sampling_seed = None  # greedy: no seed needed
+    got = serve(runner, algorithm, prompts, MAX_NEW[block_size], MASK, params=params)
+    for index, (prompt, config) in enumerate(zip(prompts, configs)):
+        want = generate(model, [prompt], config,
+                        make_decoder(config, runner.model.mrp_head)).token_ids[0]
+        assert got[index] == want, f"request {index} {REQUESTS[index]}: {got[index]} != {want}"
 
 
 def test_a_request_without_seed_gets_one_fresh_seed_for_life():
