@@ -3,8 +3,10 @@
 Not a test (never collected by pytest). For batch 1 and 8 it times:
 - a backbone denoise forward: one block of L tokens against a cached prefix of ~100
   tokens (the KV of the prefix was written by a prefill; the block writes nothing);
-- a head step: the head's forward on the block plus one lm_head projection of the
-  accumulator (what every direct/speculative draft pays);
+- a head step: the head's forward on the block (attending to its keys of the prefix) plus
+  one lm_head projection of the accumulator (what every direct/speculative draft pays);
+- the same head step carrying the store of the block before (its L clean tokens as extra
+  queries): what a block's head store adds to its first head step;
 and reports the head step as a fraction of the denoise forward (target <= 25% at batch 1).
 It then times `mrp train head` steps (the real `head_loop` step) on random packed rows and
 reports training tokens/s.
@@ -39,7 +41,7 @@ from mrp_dlm.model.backbone import Backbone  # noqa: E402
 from mrp_dlm.model.cache import KVCache  # noqa: E402
 from mrp_dlm.model.head import HeadAttention, MRPHead  # noqa: E402
 from mrp_dlm.model.loading import load_backbone  # noqa: E402
-from mrp_dlm.model.masks import block_causal_mask, copies_mask  # noqa: E402
+from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask  # noqa: E402
 from mrp_dlm.training import head_loop, loop  # noqa: E402
 from mrp_dlm.training.data import BatchSchedule, Sample  # noqa: E402
 from mrp_dlm.training.distributed import World  # noqa: E402
@@ -117,12 +119,20 @@ def step_costs(model: Backbone, head: MRPHead, batch: int, prefix: int, repeats:
     keys.keys.normal_()
     keys.values.normal_()
     attention = HeadAttention(keys, mask, P)
-    denoise, step = paired_medians(device, [
+    # The step that also writes the head's keys of the block before (its store rides on the
+    # block's first head step, decoding/head_cache.py): L more query tokens.
+    both = torch.cat((block, block), dim=1)  # (B, 2L)
+    twice = torch.cat((hidden, hidden), dim=1)  # (B, 2L, H)
+    stored = HeadAttention(keys, store_and_next_mask(valid, P - L, L), P - L)
+    denoise, step, with_store = paired_medians(device, [
         lambda: model.logits(model(block, positions[:, P:], mask, cache, P)),
-        lambda: model.logits(hidden + head(model, block, hidden, positions[:, P:], attention))],
-        repeats)
+        lambda: model.logits(hidden + head(model, block, hidden, positions[:, P:], attention)),
+        lambda: model.logits(hidden + head(model, both, twice, positions[:, P - L:],
+                                           stored)[:, L:])], repeats)
     return dict(batch=batch, prefix=P, denoise_ms=round(1e3 * denoise, 3),
-                head_step_ms=round(1e3 * step, 3), head_fraction=round(step / denoise, 3))
+                head_step_ms=round(1e3 * step, 3), head_fraction=round(step / denoise, 3),
+                head_step_with_store_ms=round(1e3 * with_store, 3),
+                store_fraction=round((with_store - step) / denoise, 3))
 
 
 def random_samples(vocab: int, block: int, count: int = 256) -> list[Sample]:
@@ -183,10 +193,12 @@ def main() -> None:
     print(f"backbone {backbone_params / 1e6:.2f}M parameters, head {head_params / 1e6:.2f}M "
           f"({args.head_layers} layers, {100 * head_params / backbone_params:.1f}% of the "
           "backbone)")
-    print(f"{'batch':>6}{'prefix':>8}{'denoise ms':>12}{'head step ms':>14}{'head/denoise':>14}")
+    print(f"{'batch':>6}{'prefix':>8}{'denoise ms':>12}{'head step ms':>14}{'head/denoise':>14}"
+          f"{'+store ms':>11}{'store/denoise':>15}")
     for row in rows:
         print(f"{row['batch']:>6}{row['prefix']:>8}{row['denoise_ms']:>12.3f}"
-              f"{row['head_step_ms']:>14.3f}{row['head_fraction']:>14.3f}")
+              f"{row['head_step_ms']:>14.3f}{row['head_fraction']:>14.3f}"
+              f"{row['head_step_with_store_ms']:>11.3f}{row['store_fraction']:>15.3f}")
     print(f"head step at batch {rows[0]['batch']}: {100 * rows[0]['head_fraction']:.1f}% of a "
           f"denoise forward (target <= 25%)")
     print(f"training: {train['tokens_per_s']:.0f} tokens/s ({train['rows']} rows x "
