@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.sampling import uniform_noise
+from mrp_dlm.decoding.race import uniform_noise
 from mrp_dlm.model.backbone import Backbone
 
 

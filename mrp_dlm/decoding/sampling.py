@@ -6,16 +6,22 @@ which makes every greedy confidence 1.0. The mask token is never a prediction (i
 is set to -inf first, BD3-LM's SUBS parameterisation).
 
 Sampling is counter-based: the random number for (seed, draw, position, token) is a hash
-of those integers, so a row's draws never depend on which other rows share its batch, and
-a slow reference decoder can reproduce them exactly. The draw key of a step is a function of
-the block state it proposes on (`draw_index`: how many of the row's block positions are
-revealed), not of how many forwards or steps ran: a speculative drafter proposing on a
-state draws exactly the numbers the verifier's step on that state draws, which is what
-makes sampled speculation reproduce the sampled rule token for token (`speculative.py`).
-Every step reveals at least one position, so no two steps of a block share a key. Greedy
-has its own exact path.
+of those integers (`race.uniform_noise`), so a row's draws never depend on which other rows
+share its batch, and a slow reference decoder can reproduce them exactly. The draw key of a
+step is a function of the block state it proposes on (`draw_index`: how many of the row's
+block positions are revealed), not of how many forwards or steps ran: a speculative drafter
+proposing on a state draws exactly the numbers the verifier's step on that state draws,
+which is what makes sampled speculation reproduce the sampled rule token for token
+(`speculative.py`). Every step reveals at least one position, so no two steps of a block
+share a key. Greedy has its own exact path.
 
-Shapes: B batch, L block positions, V vocab.
+On a CPU a sampled step costs about what a greedy one does (`sample_tokens`): truncation
+keeps a few candidates instead of sorting the vocabulary, and the race screens the
+vocabulary with a cheap bound (`race.race_screened`); both give the full-vocabulary
+definition's token, and a row they cannot certify takes the definition (a host check,
+free on a CPU). Elsewhere the definition runs as written, without a host sync.
+
+Shapes: B batch, L block positions, V vocab, R = B*L rows, C candidates per row.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-MASK32 = 0xFFFFFFFF
+from mrp_dlm.decoding.race import GROUP, race, race_candidates, race_screened, token_keys
+
+TOP_P_CANDIDATES = 256  # largest top-p nucleus found without a sort of the vocabulary
+MAX_TOP_K_CANDIDATES = 1024  # larger top-k truncates the whole vocabulary
 
 
 Value = int | float | torch.Tensor  # one value for every row, or a (B,) tensor of per-row values
@@ -82,31 +91,9 @@ class Proposal:
     entropy: torch.Tensor | None = None  # (B, L) float32, entropy of the full distribution
 
 
-def mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finaliser (in int64 arithmetic, products stay below 2**60)."""
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & MASK32
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & MASK32
-    return x ^ (x >> 16)
-
-
 def draw_index(tokens: torch.Tensor, mask_token_id: int) -> torch.Tensor:
     """The draw key (B,) of block states tokens (B, L): how many positions are revealed."""
     return (tokens != mask_token_id).sum(dim=1)
-
-
-def uniform_noise(seed: int | torch.Tensor, positions: torch.Tensor, draw: torch.Tensor,
-                  vocab: int) -> torch.Tensor:
-    """Uniform (0, 1) numbers (B, L, V) keyed by (seed, draw, position, token id).
-
-    seed: an int, or (B,) int64 per row; positions: (B, L); draw: (B,) (see `draw_index`).
-    """
-    seed = torch.as_tensor(seed, dtype=torch.long, device=positions.device)
-    key = mix32((mix32(seed & MASK32) + draw.long() * 0x85EBCA77) & MASK32)  # () or (B,)
-    key = mix32((positions.long() * 0xC2B2AE3D + key.expand(positions.shape[0])[:, None])
-                & MASK32)  # (B, L)
-    tokens = torch.arange(vocab, device=positions.device)  # (V,)
-    bits = mix32((key[..., None] * 0x27D4EB2F + tokens) & MASK32)  # (B, L, V)
-    return (bits.double() + 0.5) / 2.0**32
 
 
 def kth_largest(probs: torch.Tensor, top_k: Value) -> torch.Tensor | None:
@@ -136,6 +123,81 @@ def truncate(probs: torch.Tensor, top_k: Value, top_p: Value) -> torch.Tensor:
     return probs
 
 
+def top_candidates(probs: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `count` largest probabilities of probs (R, V), descending, and their token ids,
+    each (R, count): the values `probs.topk(count)` gives (the order of equal values may
+    differ), from a topk over group maxima and over the tokens of the top groups only.
+    A token of the top `count` lies in a group whose maximum is among the top `count`."""
+    R, V = probs.shape
+    groups = V // GROUP  # whole groups; the last V % GROUP tokens are always candidates
+    if groups <= count:
+        return probs.topk(count, dim=-1)
+    group_max = probs[:, :groups * GROUP].view(R, groups, GROUP).amax(dim=-1)  # (R, groups)
+    top_groups = group_max.topk(count, dim=-1).indices  # (R, count)
+    offsets = torch.arange(GROUP, device=probs.device)  # (GROUP,)
+    ids = top_groups[..., None] * GROUP + offsets  # (R, count, GROUP)
+    tail = torch.arange(groups * GROUP, V, device=probs.device).expand(R, -1)  # (R, V%GROUP)
+    ids = torch.cat((ids.view(R, -1), tail), dim=1)  # (R, count*GROUP + V%GROUP)
+    values, order = probs.gather(1, ids).topk(count, dim=-1)  # (R, count) each
+    return values, ids.gather(1, order)
+
+
+@dataclass
+class Candidates:
+    values: torch.Tensor  # (R, C) float32, kept probability as `truncate` gives it (0: cut)
+    ids: torch.Tensor  # (R, C) int64 token ids
+    complete: torch.Tensor  # (R,) bool, False where the kept set may reach past the candidates
+
+
+def truncated_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> Candidates | None:
+    """`truncate(probs, top_k, top_p)` (R, V) on a few candidates per row: the same kept
+    values, bit for bit, for the tokens that keep any mass. None when nothing is truncated
+    or top-k is too large to pay off. Top-k takes k + 1 candidates (the last one shows
+    whether a tie with the k-th reaches further); top-p alone takes TOP_P_CANDIDATES + 1
+    (the last one shows whether the nucleus ends inside). The cumulative sum of a prefix of
+    the sorted probabilities is the prefix of theirs (a sequential float64 accumulation)."""
+    V = probs.shape[-1]
+    by_k, by_p = 0 < top_k < V, top_p < 1.0
+    if not (by_k or by_p) or top_k > MAX_TOP_K_CANDIDATES:
+        return None
+    values, ids = top_candidates(probs, min(V, top_k + 1 if by_k else TOP_P_CANDIDATES + 1))
+    complete = torch.ones(values.shape[0], dtype=torch.bool, device=probs.device)  # (R,)
+    if by_k:
+        kth = values[:, top_k - 1:top_k]  # (R, 1)
+        complete = values[:, top_k] < kth[:, 0]
+        total = torch.where(probs >= kth, probs, 0.0).sum(-1, keepdim=True)  # as `truncate`
+        values = torch.where(values >= kth, values, 0.0) / total
+    if by_p:
+        before = values.cumsum(-1) - values  # (R, C) mass strictly before each token
+        if not by_k and values.shape[1] < V:  # beyond the candidates, before only grows
+            complete &= before[:, -1] >= top_p
+        values = torch.where(before < top_p, values, 0.0)
+    return Candidates(values=values, ids=ids, complete=complete)
+
+
+def sample_tokens(probs: torch.Tensor, sampling: SamplingConfig, positions: torch.Tensor,
+                  draw: torch.Tensor) -> torch.Tensor:
+    """The race's winner (B, L) int64 over `truncate(probs)` (B, L, V) float32, keyed by
+    (seed, draw (B,), positions (B, L)): `race.race` on every device; on a CPU computed
+    through candidates and the screened race (same tokens), with one host check."""
+    B, L, V = probs.shape
+    keys = token_keys(sampling.seed, positions, draw).view(-1)  # (R,)
+    per_row = isinstance(sampling.top_k, torch.Tensor) or isinstance(sampling.top_p, torch.Tensor)
+    if probs.device.type != "cpu" or per_row:
+        kept = truncate(probs, sampling.top_k, sampling.top_p)  # (B, L, V)
+        return race(kept.view(-1, V), keys).view(B, L)
+    flat = probs.reshape(-1, V)  # (R, V)
+    candidates = truncated_candidates(flat, sampling.top_k, sampling.top_p)
+    if candidates is None:
+        return race_screened(truncate(flat, sampling.top_k, sampling.top_p), keys).view(B, L)
+    tokens, _ = race_candidates(candidates.values, candidates.ids, keys)  # (R,)
+    if not bool(candidates.complete.all()):  # a tie at the k-th, or a wide nucleus
+        rows = (~candidates.complete).nonzero()[:, 0]  # (n,)
+        kept = truncate(flat[rows], sampling.top_k, sampling.top_p)  # (n, V)
+        tokens[rows] = race_screened(kept, keys[rows])
+    return tokens.view(B, L)
+
+
 def full_distribution(logits: torch.Tensor, mask_token_id: int,
                       sampling: SamplingConfig) -> torch.Tensor:
     """The tempered distribution (B, L, V) confidence is measured on: mask excluded, no
@@ -158,10 +220,7 @@ def propose(logits: torch.Tensor, mask_token_id: int, sampling: SamplingConfig,
     if sampling.greedy:
         confidence, tokens = probs.max(dim=-1)  # (B, L)
     else:
-        kept = truncate(probs, sampling.top_k, sampling.top_p)  # (B, L, V)
-        noise = uniform_noise(sampling.seed, positions, draw, probs.shape[-1])  # (B, L, V)
-        # Exponential race: argmax p / E with E ~ Exp(1) draws from p (no host sync).
-        tokens = (kept.double() / -noise.log()).argmax(dim=-1)  # (B, L)
+        tokens = sample_tokens(probs, sampling, positions, draw)  # (B, L)
         if isinstance(sampling.temperature, torch.Tensor):  # greedy rows take the argmax
             greedy_rows = (sampling.temperature.to(probs.device) == 0)[:, None]  # (B, 1)
             tokens = torch.where(greedy_rows, probs.argmax(dim=-1), tokens)

@@ -1,0 +1,134 @@
+"""The CPU sampling path (candidates, screened race) gives the definition's tokens.
+
+The definition is the full-vocabulary computation `propose` ran before the fast path:
+`truncate` over the whole vocabulary, the keyed noise for every token, the float64 race.
+It is written out here once more (`definition_tokens`), and the keyed noise formula is
+pinned as it was (`pinned_uniform_noise`), so a change to either shows. Cases cover every
+path of `sample_tokens`: no truncation (screened race), top-k, top-p, both, top-k ties
+(candidates incomplete), wide nuclei (sorted fallback), and the screened race's own
+fallback (forced with a tiny CANDIDATE_GROUPS).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mrp_dlm.decoding import race as race_module
+from mrp_dlm.decoding.race import (MASK32, mix32, mix32_wrapping_, race, race_screened,
+                                   token_keys, uniform_noise)
+from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
+                                       top_candidates, truncate)
+
+
+def pinned_uniform_noise(seed, positions, draw, vocab):
+    """The keyed noise exactly as the library first wrote it (one expression)."""
+    seed = torch.as_tensor(seed, dtype=torch.long)
+    key = mix32((mix32(seed & MASK32) + draw.long() * 0x85EBCA77) & MASK32)
+    key = mix32((positions.long() * 0xC2B2AE3D + key.expand(positions.shape[0])[:, None])
+                & MASK32)
+    bits = mix32((key[..., None] * 0x27D4EB2F + torch.arange(vocab)) & MASK32)
+    return (bits.double() + 0.5) / 2.0**32
+
+
+def definition_tokens(probs, sampling, positions, draw):
+    """(B, L): the race over `truncate(probs)` (B, L, V) with the pinned noise."""
+    kept = truncate(probs, sampling.top_k, sampling.top_p)
+    noise = pinned_uniform_noise(sampling.seed, positions, draw, probs.shape[-1])
+    return (kept.double() / -noise.log()).argmax(dim=-1)
+
+
+def case(V, scale, B=2, L=5, seed=0, temperature=0.7, **knobs):
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, L, V, generator=generator) * scale  # (B, L, V)
+    sampling = SamplingConfig(temperature=temperature, seed=seed + 11, **knobs)
+    positions = torch.arange(L)[None] + torch.tensor([[3], [40]])[:B]  # (B, L)
+    draw = torch.tensor([0, 3])[:B]  # (B,)
+    return full_distribution(logits, V - 1, sampling), sampling, positions, draw
+
+
+def test_int32_hash_is_the_int64_hash_bit_for_bit():
+    values = torch.cat((torch.tensor([0, 1, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1]),
+                        torch.randint(0, 2**32, (10_000,), generator=torch.Generator()
+                                      .manual_seed(0))))  # (N,) int64 in [0, 2**32)
+    as_int32 = torch.where(values >= 2**31, values - 2**32, values).int()  # two's complement
+    got = mix32_wrapping_(as_int32.clone(), torch.empty_like(as_int32)).long() & MASK32
+    assert torch.equal(got, mix32(values))
+
+
+def test_noise_is_unchanged():
+    positions = torch.tensor([[0, 5, 9], [130, 131, 4000]])
+    draw = torch.tensor([0, 7])
+    for seed in (0, 1, 2**40 + 3, torch.tensor([5, 2**33])):
+        assert torch.equal(uniform_noise(seed, positions, draw, 1000),
+                           pinned_uniform_noise(seed, positions, draw, 1000))
+
+
+@pytest.mark.parametrize("V", [1000, 4099, 151_936])
+@pytest.mark.parametrize("scale", [0.3, 3.0, 12.0])
+def test_screened_race_is_the_race(V, scale):
+    probs, sampling, positions, draw = case(V, scale, B=1, L=4 if V > 5000 else 12)
+    kept = probs.view(-1, V)
+    kept[0, :V // 2] = 0.0  # a truncated row: half the vocabulary has no mass
+    keys = token_keys(sampling.seed, positions, draw).view(-1)
+    assert torch.equal(race_screened(kept, keys), race(kept, keys))
+
+
+def test_screened_race_falls_back_where_it_cannot_certify(monkeypatch):
+    probs, sampling, positions, draw = case(4099, 0.3, B=2, L=8)
+    kept = torch.zeros(16, 4099)
+    kept[:, ::64] = 1 / 65  # 65 equal tokens, each in its own group: bounds reach the winner
+    keys = token_keys(sampling.seed, positions, draw).view(-1)
+    fallbacks = []
+
+    def counted_race(kept, keys):
+        fallbacks.append(kept.shape[0])
+        return race(kept, keys)
+
+    monkeypatch.setattr(race_module, "CANDIDATE_GROUPS", 1)
+    monkeypatch.setattr(race_module, "race", counted_race)
+    got = race_screened(kept, keys)
+    monkeypatch.undo()
+    assert fallbacks and 0 < fallbacks[0] < kept.shape[0]  # some rows certified, some not
+    assert torch.equal(got, race(kept, keys))
+
+
+def test_top_candidates_are_the_top_values():
+    probs, *_ = case(4099, 2.0)
+    flat = probs.view(-1, 4099)
+    values, ids = top_candidates(flat, 51)
+    assert torch.equal(values, flat.topk(51).values)
+    assert torch.equal(flat.gather(1, ids), values)
+
+
+KNOBS = [dict(), dict(top_k=50), dict(top_k=1), dict(top_p=0.95), dict(top_p=0.3),
+         dict(top_k=50, top_p=0.9), dict(top_k=2000), dict(top_k=40, top_p=0.999)]
+
+
+@pytest.mark.parametrize("knobs", KNOBS, ids=str)
+@pytest.mark.parametrize("V,scale", [(99, 1.0), (4099, 0.3), (4099, 3.0), (20_011, 8.0)])
+def test_sample_tokens_is_the_definition(V, scale, knobs):
+    probs, sampling, positions, draw = case(V, scale, seed=V, **knobs)
+    assert torch.equal(sample_tokens(probs, sampling, positions, draw),
+                       definition_tokens(probs, sampling, positions, draw))
+
+
+@pytest.mark.parametrize("knobs", [dict(top_k=50), dict(top_p=0.95), dict(top_k=3, top_p=0.5)],
+                         ids=str)
+def test_ties_and_wide_nuclei_take_the_full_path(knobs):
+    """Equal logits tie at the k-th token and put every token in the nucleus."""
+    probs, sampling, positions, draw = case(4099, 2.0, **knobs)
+    probs[0] = full_distribution(torch.zeros(5, 4099), 4098, sampling)  # uniform row
+    assert torch.equal(sample_tokens(probs, sampling, positions, draw),
+                       definition_tokens(probs, sampling, positions, draw))
+
+
+def test_per_row_seeds_and_a_batch_equal_rows_alone():
+    probs, sampling, positions, draw = case(20_011, 3.0, B=2, top_p=0.9)
+    sampling = SamplingConfig(temperature=0.7, top_p=0.9, seed=torch.tensor([4, 9]))
+    batched = sample_tokens(probs, sampling, positions, draw)
+    for b in range(2):
+        alone = SamplingConfig(temperature=0.7, top_p=0.9, seed=int(sampling.seed[b]))
+        assert torch.equal(sample_tokens(probs[b:b + 1], alone, positions[b:b + 1],
+                                         draw[b:b + 1]), batched[b:b + 1])
+    assert torch.equal(batched, definition_tokens(probs, sampling, positions, draw))
