@@ -143,7 +143,7 @@ BAD_EVAL = {
     "bad grid": (["bench", "--grid", "static,dynamic:2"], "grid entry 'dynamic:2': threshold"),
     "limit 0": (["eval", "--limit", "0"], "--limit must be >= 1"),
     "data for a generated task": (["eval", "--data", "x.jsonl"], "takes no data file"),
-    "mrp mode without head": (["eval", "--mode", "speculative"], "needs an MRP head"),
+    "mrp mode without head": (["eval", "--mode", "direct"], "needs an MRP head"),
     "eval batch size 0": (["eval", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     "bench batch size 0": (["bench", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
 }

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mrp_dlm.config import MRP_MODES, DecodeConfig
+from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import pareto, plots, provenance, store
 from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE
@@ -71,8 +71,8 @@ def split_by_head(configs: tuple[DecodeConfig, ...],
     """The configs a pipeline can run, and the labels of those dropped for want of a head."""
     if has_head:
         return configs, []
-    dropped = [grid_label(config) for config in configs if config.mode in MRP_MODES]
-    return tuple(config for config in configs if config.mode not in MRP_MODES), dropped
+    dropped = [grid_label(config) for config in configs if config.needs_head]
+    return tuple(config for config in configs if not config.needs_head), dropped
 
 
 @dataclass

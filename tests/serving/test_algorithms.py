@@ -192,9 +192,9 @@ def test_adaptive_speculative_equals_low_confidence(tmp_path, threshold, costs):
     assert tuple(tuple(r) for r in got) == want
     assert runner.req_to_token_pool.available_size() == runner.free_rows - len(got)
     if costs == RoundCosts(5.0, 5.0):
-        assert runner.forwards == rule_forwards and algorithm.planner.acceptance.tried == 0
+        assert runner.forwards == rule_forwards and sum(a.tried for a in algorithm.planner.acceptance.values()) == 0
     else:
-        assert runner.forwards <= rule_forwards and algorithm.planner.acceptance.tried > 0
+        assert runner.forwards <= rule_forwards and sum(a.tried for a in algorithm.planner.acceptance.values()) > 0
 
 
 def test_fallback_without_free_rows_is_exact(tmp_path):
@@ -361,7 +361,7 @@ def test_stats_of_speculative_count_accepted_drafts(tmp_path):
     assert spec.draft_rounds > 0 and 0 < spec.accepted <= spec.drafts <= 3 * spec.draft_rounds
     assert base.forwards - spec.accepted <= spec.forwards <= base.forwards - spec.accepted + blocks
     assert spec.tokens_per_forward > base.tokens_per_forward
-    assert "head drafts accepted per round" in spec.summary()
+    assert "drafts accepted per round" in spec.summary() and "head," in spec.summary()
 
 
 def test_stats_hook_reads_the_scheduler_requests(caplog):
