@@ -13,7 +13,9 @@ a plain `remask:τ` takes the base config's rule, and its label names the rule. 
 knob comes from a base config.
 Static is always part of a grid and always first: every ratio is measured against it. A
 lossless mode's rule (`rule_of`: dynamic at τ, or static at τ = 1.0) joins the grid just
-before it when the spec leaves it out, so that every lossless row can be checked.
+before it when the spec leaves it out, so that every lossless row can be checked; so does a
+head-drafting speculative row's self-draft counterpart (`self_of`: the same K and τ,
+`speculative-self`) unless the grid has self-draft speculation at that τ.
 
 Deliberately not here: running the grid (see `bench.py`) and which modes need a head
 (`config.MRP_MODES`).
@@ -34,8 +36,8 @@ SELF_ENTRY = "speculative-self"  # speculative with drafter self
 BASELINE = "static"  # the reference every ratio is measured against
 LOSSLESS_MODES = ("static", "speculative")  # modes whose greedy tokens equal their rule's
 DEFAULT_GRID = ("static,dynamic:0.9,dynamic:0.7,dynamic:0.5,direct:4,direct:8,"
-                "speculative:2@1,speculative:3@1,speculative:2@0.9,speculative:3@0.9,"
-                "speculative:4@0.9,remask-chain:0.5,remask-chain:0.4")  # lossy MRP: the Pareto winners
+                "speculative-self:3@1,speculative:2@1,speculative:3@1,speculative-self:3@0.9,"
+                "speculative:2@0.9,speculative:3@0.9,speculative:4@0.9,remask-chain:0.5,remask-chain:0.4")  # lossy MRP: the Pareto winners
 
 
 def entry_mode(config: DecodeConfig) -> str:
@@ -77,6 +79,8 @@ def setting_of(config: DecodeConfig) -> str:
     parts = [f"{name}={getattr(config, name):g}"]
     if config.mode == "remask":
         parts.append(f"remask_rule={config.remask_rule}")
+    if config.mode == "speculative" and config.drafter == "self":
+        parts.append("drafter=self")
     second = second_knob(config)
     return " ".join(parts + ([f"{second[0]}={second[1]:g}"] if second else []))
 
@@ -89,6 +93,14 @@ def rule_of(config: DecodeConfig) -> DecodeConfig | None:
         return None
     mode = "static" if config.threshold >= 1.0 else "dynamic"
     return dataclasses.replace(config, mode=mode, drafter=DecodeConfig.drafter)
+
+
+def self_of(config: DecodeConfig) -> DecodeConfig | None:
+    """The self-draft speculation a head-drafting speculative config must beat at its τ
+    (the same K; None for every other config)."""
+    if config.mode != "speculative" or config.drafter == "self":
+        return None
+    return dataclasses.replace(config, drafter="self")
 
 
 def parse_entry(entry: str, base: DecodeConfig) -> DecodeConfig:
@@ -158,14 +170,21 @@ def parse_grid(spec: str, base: DecodeConfig) -> tuple[DecodeConfig, ...]:
 
 
 def with_rules(configs: tuple[DecodeConfig, ...]) -> tuple[DecodeConfig, ...]:
-    """configs with each lossless mode's rule inserted before it where missing (configs
-    share one base, so a label names a config)."""
+    """configs with each lossless mode's rule, and each head-drafting speculative config's
+    self-draft counterpart unless one at its τ is there, inserted before it where missing
+    (configs share one base, so a label names a config)."""
     labels = {grid_label(config) for config in configs}
+    self_drafted = {c.threshold for c in configs if c.mode == "speculative" and not c.uses_head}
     out: list[DecodeConfig] = []
     for config in configs:
-        rule = rule_of(config)
-        if rule is not None and grid_label(rule) not in labels:
-            labels.add(grid_label(rule))
-            out.append(rule)
+        extras = [rule_of(config)]
+        counterpart = self_of(config)
+        if counterpart is not None and counterpart.threshold not in self_drafted:
+            self_drafted.add(counterpart.threshold)
+            extras.append(counterpart)
+        for extra in extras:
+            if extra is not None and grid_label(extra) not in labels:
+                labels.add(grid_label(extra))
+                out.append(extra)
         out.append(config)
     return tuple(out)
