@@ -51,8 +51,8 @@ from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.drafting import HEAD, SELF, DraftPlanner, Timer
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.head_cache import HeadSteps
-from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, repeat_rows
-from mrp_dlm.decoding.selection import threshold_pick
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, draw_index, propose, repeat_rows
+from mrp_dlm.decoding.selection import select_dynamic, threshold_pick
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
@@ -84,15 +84,24 @@ def draft(head: HeadSteps | None, backbone: HeadBackbone, seed: BackboneStep, ro
     Runs one head step per HEAD draft made (one host check per draft).
     """
     mask_token_id = backbone.config.mask_token_id
-    accumulator, logits, state, eligible = seed.hidden, seed.logits, rows.tokens, rows.eligible
+    accumulator, state, eligible = seed.hidden, rows.tokens, rows.eligible
+    # The rule's proposal on A for S_0's draw key; greedy proposals ignore the key, so every
+    # greedy self-draft reuses it (a sampled one draws anew with its own state's key).
+    on_seed = propose(seed.logits, mask_token_id, sampling, rows.positions,
+                      draw_index(state, mask_token_id))
     states, valid, made = [], [], []
     for source in (SELF, *sources):
         if source == HEAD:
             accumulator = head.advance(state, accumulator)  # (B, L, H)
             logits = backbone.logits(accumulator)  # (B, L, V): A + sum C
-        commit, tokens = threshold_pick(logits if source == HEAD else seed.logits, state,
-                                        eligible, mask_token_id, rows.positions, threshold,
-                                        sampling)  # (B, L)
+        elif not made or sampling.greedy:
+            logits = None
+        else:
+            logits = seed.logits
+        proposal = on_seed if logits is None else propose(
+            logits, mask_token_id, sampling, rows.positions, draw_index(state, mask_token_id))
+        commit = select_dynamic(proposal.confidence, eligible, 1, threshold)  # (B, L)
+        tokens = proposal.tokens  # (B, L)
         state = torch.where(commit, tokens, state)  # (B, L)
         states.append(state)
         valid.append(commit.any(dim=1))

@@ -73,10 +73,13 @@ class Round:
 
 
 class MrpSpeculative(MrpAlgorithm):
+    needs_head = False  # without one it self-drafts
+
     def __init__(self, config) -> None:
         super().__init__(config)
         self.threshold = self.serving.speculative_threshold
-        self.planner = DraftPlanner(self.lookahead, self.serving.adaptive)  # by size bucket
+        self.planner = DraftPlanner(self.lookahead, self.serving.adaptive,  # by size bucket
+                                    head=self.serving.head is not None)
         self.last_draft = (0, 0, 0.0)  # drafts after the first, head steps, seconds: the last
 
     def run(self, model_runner, forward_batch, algo_states=None):
@@ -187,8 +190,12 @@ class MrpSpeculative(MrpAlgorithm):
                 done.append(False)  # store: the next round forwards the clean block alone
         if to_draft:
             timer.start()
-            context = self.head_context(model_runner, forward_batch, to_draft)
-            sources = self.draft_for(context, [states[i] for i in to_draft],
+            context = self.head_context(model_runner, forward_batch, to_draft) \
+                if HEAD in plan else None
+            index = torch.tensor(to_draft, device=forward_batch.positions.device)
+            positions = forward_batch.positions.view(-1, self.block_size)[index].long()
+            sources = self.draft_for(context, self.model_parts(model_runner)[1], positions,
+                                     [states[i] for i in to_draft],
                                      [seeds[i] for i in to_draft],
                                      select_rows(sampling, to_draft), plan)
             self.last_draft = (len(sources), sources.count(HEAD), timer.stop())
@@ -209,17 +216,20 @@ class MrpSpeculative(MrpAlgorithm):
                           torch.stack([states[i].accepted for i in finished]),
                           hidden[own[finished].to(hidden.device)])
 
-    def draft_for(self, context: HeadContext, states: list[BlockState], seeds,
-                  sampling: SamplingConfig, plan: tuple[str, ...]) -> tuple[str, ...]:
+    def draft_for(self, context: HeadContext | None, host, positions: torch.Tensor,
+                  states: list[BlockState], seeds, sampling: SamplingConfig,
+                  plan: tuple[str, ...]) -> tuple[str, ...]:
         """Draft 1 and one candidate per entry of `plan` (fewer once no request has a mask
         left) for every request in one batched chain over `context` (the head on these
-        requests' blocks, for the head drafts); returns the later drafts' sources."""
+        requests' blocks, for the head drafts; None when the plan has none) with the model's
+        `host` (its config, embedding and logits); positions (R, L) of the requests'
+        blocks. Returns the later drafts' sources."""
         block = torch.stack([s.accepted for s in states])  # (R, L)
         eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
         seed = BackboneStep(hidden=torch.stack([hidden for _, hidden in seeds]),
                             logits=torch.stack([logits for logits, _ in seeds]))
-        rows = BlockRows(block, eligible, context.positions)
-        drafts = draft(context, context.host, seed, rows, plan, self.threshold, sampling)
+        rows = BlockRows(block, eligible, positions.to(block.device))
+        drafts = draft(context, host, seed, rows, plan, self.threshold, sampling)
         for row, state in enumerate(states):
             state.accepted = drafts.states[row, 0]  # the backbone's own step: exact
             if bool(self.open_positions(state).any()):
