@@ -12,10 +12,11 @@ a round's plan (a sequence of sources, at most the lookahead long) is worth
     sum_j P(drafts 1..j all accepted) - sum_j cost(source_j)
 
 in denoise forwards, and the plan run is the one of highest worth (none: the rule's own
-step). P multiplies the running acceptance rate of each source (`Acceptance`, one rate per
-source for every depth). With one rate per source, putting the higher rate first never
-lowers the worth (swapping two neighbours changes only the reach between them), so the
-best plan is some drafts of the better source followed by some of the other (`best_plan`).
+step). P multiplies the running acceptance rates of each draft's source at its depth
+(`Acceptance`, per source and depth). With one rate per source, putting the higher rate
+first never lowers the worth (swapping two neighbours changes only the reach between
+them), so the best plan is some drafts of one source followed by some of the other; with
+rates that fall with depth this stays the family searched (`best_plan`, both orders).
 The costs are learnt per batch size from the decode's own first rounds (`CostProbe`: a
 one-copy forward, a verify forward of several copies and head steps, timed; no forward
 runs for the measurement alone), so that a busy CPU, a GPU and a large batch each get their
@@ -61,61 +62,73 @@ class RoundCosts:
 
 @dataclass
 class Acceptance:
-    """Running counts of one source's drafts verified and accepted (every depth pooled)."""
+    """Running counts of one source's drafts verified and accepted, per depth in the round
+    (0: the draft after the first). Acceptance falls with depth, steeply for self-drafts
+    (on the embedded model at τ = 0.9: 0.26 then 0.03; head drafts 0.64 then 0.34), so a
+    plan reads each depth's own rate, shrunk towards the source's pooled rate where a depth
+    has few verdicts."""
 
-    tried: int = 0  # drafts whose verdict was read (up to each row's first rejection)
-    accepted: int = 0  # of which accepted
+    tried: list[int] = field(default_factory=list)  # per depth: verdicts read (up to each row's first rejection)
+    accepted: list[int] = field(default_factory=list)  # per depth: of which accepted
 
     @property
-    def rate(self) -> float:
-        """Accepted share with one prior success and one prior failure (0.5 before data)."""
-        return (self.accepted + 1) / (self.tried + 2)
+    def pooled(self) -> float:
+        """Accepted share over every depth with one prior success and one prior failure."""
+        return (sum(self.accepted) + 1) / (sum(self.tried) + 2)
 
-    @property
-    def optimistic_rate(self) -> float:
-        """The rate plus two standard errors (at most 1)."""
-        rate = self.rate
-        return min(rate + 2 * math.sqrt(rate * (1 - rate) / (self.tried + 2)), 1.0)
+    def rate(self, depth: int) -> float:
+        """Accepted share at `depth`, with two prior verdicts at the pooled rate."""
+        tried, good = self.at(depth)
+        return (good + 2 * self.pooled) / (tried + 2)
 
-    def add(self, tried: int, accepted: int) -> None:
-        self.tried += tried
-        self.accepted += accepted
+    def optimistic_rate(self, depth: int) -> float:
+        """The rate at `depth` plus two standard errors (at most 1)."""
+        rate = self.rate(depth)
+        return min(rate + 2 * math.sqrt(rate * (1 - rate) / (self.at(depth)[0] + 2)), 1.0)
+
+    def at(self, depth: int) -> tuple[int, int]:
+        return (self.tried[depth], self.accepted[depth]) if depth < len(self.tried) else (0, 0)
+
+    def add(self, depth: int, tried: int, accepted: int) -> None:
+        while len(self.tried) <= depth:
+            self.tried.append(0)
+            self.accepted.append(0)
+        self.tried[depth] += tried
+        self.accepted[depth] += accepted
 
 
-def verdicts(sources: tuple[str, ...], accepted: torch.Tensor, valid: torch.Tensor
-             ) -> dict[str, tuple[int, int]]:
-    """(tried, accepted) per source of one round's drafts after the first.
+def verdicts(accepted: torch.Tensor, valid: torch.Tensor) -> list[tuple[int, int]]:
+    """(tried, accepted) per depth of one round's D drafts after the first.
 
-    sources: the D drafts' sources; accepted: (B,) of them accepted per row; valid: (B, D)
-    the draft revealed a position. A row's verdicts are read up to its first rejection.
+    accepted: (B,) of them accepted per row; valid: (B, D) the draft revealed a position. A
+    row's verdicts are read up to its first rejection.
     """
-    depth = torch.arange(len(sources), device=accepted.device)  # (D,)
+    depth = torch.arange(valid.shape[1], device=accepted.device)  # (D,)
     read = valid & (depth[None] <= accepted[:, None])  # (B, D)
     stood = depth[None] < accepted[:, None]  # (B, D)
-    counts = torch.stack((read.sum(dim=0), stood.sum(dim=0))).tolist()  # (2, D)
-    out = {source: (0, 0) for source in set(sources)}
-    for source, tried, good in zip(sources, *counts):
-        out[source] = (out[source][0] + tried, out[source][1] + good)
-    return out
+    return list(zip(*torch.stack((read.sum(dim=0), stood.sum(dim=0))).tolist()))
 
 
-def best_plan(rates: dict[str, float], costs: RoundCosts, most: int) -> tuple[str, ...]:
+def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int) -> tuple[str, ...]:
     """The sources of the plan of highest worth (module docstring), at most `most` drafts:
-    a drafts of the source with the higher rate, then b of the other."""
-    order = sorted(rates, key=lambda source: -rates[source])  # stable: HEAD first on ties
+    a drafts of one source, then b of the other; rates: per source, the acceptance at each
+    depth 0..most-1."""
     best, best_worth = (), 0.0
-    worth_a, reach_a = 0.0, 1.0
-    for a in range(most + 1):
-        if a:
-            reach_a *= rates[order[0]]
-            worth_a += reach_a - costs.of(order[0])
-        worth, reach = worth_a, reach_a
-        for b in range(most - a + 1 if len(order) > 1 else 1):
-            if b:
-                reach *= rates[order[1]]
-                worth += reach - costs.of(order[1])
-            if worth > best_worth:
-                best, best_worth = (order[0],) * a + (order[-1],) * b, worth
+    for first in rates:
+        second = next((s for s in rates if s != first), first)
+        worth_a, reach_a = 0.0, 1.0
+        for a in range(most + 1):
+            if a:
+                reach_a *= rates[first][a - 1]
+                worth_a += reach_a - costs.of(first)
+            worth, reach = worth_a, reach_a
+            for b in range(1, most - a + 1):
+                reach *= rates[second][a + b - 1]
+                worth += reach - costs.of(second)
+                if worth > best_worth:
+                    best, best_worth = (first,) * a + (second,) * b, worth
+            if worth_a > best_worth:
+                best, best_worth = (first,) * a, worth_a
     return best
 
 
@@ -219,14 +232,16 @@ class DraftPlanner:
         if key not in self.costs:
             return self.probe(key).next_plan()
         costs, self.rounds = self.costs[key], self.rounds + 1
-        rates = {source: a.rate for source, a in self.acceptance.items()}
+        depths = range(self.lookahead)
+        rates = {s: [a.rate(d) for d in depths] for s, a in self.acceptance.items()}
         plan = best_plan(rates, costs, self.lookahead)
         if self.rounds % EXPLORE_EVERY == 0:
             left_out = [s for s in self.sources if s not in plan]
-            left_out.sort(key=lambda source: self.acceptance[source].tried)
+            left_out.sort(key=lambda source: sum(self.acceptance[source].tried))
             for source in left_out:
-                hopeful = best_plan({**rates, source: self.acceptance[source].optimistic_rate},
-                                    costs, self.lookahead)
+                hopeful = best_plan(
+                    {**rates, source: [self.acceptance[source].optimistic_rate(d)
+                                       for d in depths]}, costs, self.lookahead)
                 if source in hopeful:
                     return hopeful
         return plan
@@ -240,7 +255,9 @@ class DraftPlanner:
 
     def record(self, sources: tuple[str, ...], accepted: torch.Tensor,
                valid: torch.Tensor) -> None:
-        """A round's verdicts (see `verdicts`); kept only when adaptive."""
+        """A round's verdicts (see `verdicts`), per source and depth; kept only when
+        adaptive."""
         if self.adaptive and sources:
-            for source, (tried, good) in verdicts(sources, accepted, valid).items():
-                self.acceptance[source].add(tried, good)
+            for depth, (source, (tried, good)) in enumerate(
+                    zip(sources, verdicts(accepted, valid))):
+                self.acceptance[source].add(depth, tried, good)

@@ -30,15 +30,18 @@ LENGTHS = (3, 8, 5, 12, 1, 9)
 
 
 def test_verdicts_count_each_rows_drafts_up_to_its_first_rejection():
-    assert Acceptance().rate == 0.5  # one prior success, one prior failure
+    assert Acceptance().rate(0) == 0.5  # one prior success, one prior failure
     # rows: 2 of 3 accepted (3 read), all 3 of 3 (3 read), 0 of 2 (1 read), no drafts.
     accepted = torch.tensor([2, 3, 0, 0])
     valid = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [0, 0, 0]], dtype=torch.bool)
-    assert verdicts((HEAD, HEAD, HEAD), accepted, valid) == {HEAD: (7, 5)}
-    assert verdicts((HEAD, SELF, SELF), accepted, valid) == {HEAD: (3, 2), SELF: (4, 3)}
+    assert verdicts(accepted, valid) == [(3, 2), (2, 2), (2, 1)]  # per depth: read, stood
     acceptance = Acceptance()
-    acceptance.add(7, 5)
-    assert acceptance.rate == pytest.approx(6 / 9)
+    for depth, (tried, good) in enumerate(verdicts(accepted, valid)):
+        acceptance.add(depth, tried, good)
+    assert acceptance.pooled == pytest.approx(6 / 9)
+    # each depth's own rate, with two prior verdicts at the pooled rate
+    assert acceptance.rate(1) == pytest.approx((2 + 2 * 6 / 9) / 4)
+    assert acceptance.rate(5) == pytest.approx(6 / 9)  # no verdicts there: the pooled rate
 
 
 @pytest.mark.parametrize("rate,per_draft,most,want", [
@@ -49,9 +52,9 @@ def test_verdicts_count_each_rows_drafts_up_to_its_first_rejection():
 ])
 def test_plan_runs_the_drafts_that_pay(rate, per_draft, most, want):
     costs = RoundCosts(head_step=per_draft / 2, copy=per_draft / 2)
-    assert best_plan({HEAD: rate}, costs, most) == (HEAD,) * want
-    assert best_plan({SELF: rate}, RoundCosts(head_step=9.0, copy=per_draft), most) == \
-        (SELF,) * want
+    assert best_plan({HEAD: [rate] * most}, costs, most) == (HEAD,) * want
+    assert best_plan({SELF: [rate] * most}, RoundCosts(head_step=9.0, copy=per_draft),
+                     most) == (SELF,) * want
 
 
 @pytest.mark.parametrize("rates,costs,want", [
@@ -66,7 +69,19 @@ def test_plan_runs_the_drafts_that_pay(rate, per_draft, most, want):
     ({HEAD: 0.6, SELF: 0.5}, RoundCosts(0.0, 0.45), (HEAD,)),
 ])
 def test_plan_mixes_the_sources(rates, costs, want):
-    assert best_plan(rates, costs, 3) == want
+    assert best_plan({s: [r] * 3 for s, r in rates.items()}, costs, 3) == want
+
+
+def test_plan_reads_each_depths_rate():
+    # Measured on the embedded model at τ = 0.9: self-drafts 0.26 then 0.03, head drafts
+    # 0.64 then 0.34. Pooled (~0.25 and ~0.5) no draft would pay; per depth one head draft does.
+    costs = RoundCosts(head_step=0.23, copy=0.3)
+    rates = {HEAD: [0.64, 0.34, 0.3], SELF: [0.26, 0.03, 0.0]}
+    assert best_plan(rates, costs, 3) == (HEAD,)
+    assert best_plan({HEAD: [0.5] * 3, SELF: [0.25] * 3}, costs, 3) == ()
+    # A source that is strong at depth 0 only goes first, the other after it.
+    assert best_plan({HEAD: [0.9, 0.9, 0.9], SELF: [0.95, 0.1, 0.1]}, RoundCosts(0.3, 0.1),
+                     3) == (SELF, HEAD, HEAD)
 
 
 def test_plan_explores_while_a_source_could_pay():
@@ -77,7 +92,8 @@ def test_plan_explores_while_a_source_could_pay():
     assert all(plans[i] for i in range(EXPLORE_EVERY - 1, len(plans), EXPLORE_EVERY))
     # Once even the rates plus two standard errors do not pay, exploring stops...
     for acceptance in planner.acceptance.values():
-        acceptance.add(100, 10)
+        for depth in range(3):
+            acceptance.add(depth, 100, 10)
     assert not any(planner.plan(1) for _ in range(3 * EXPLORE_EVERY))
     # ... a head step dearer than a forward is never explored ...
     dear = DraftPlanner(lookahead=3, adaptive=True)
@@ -171,10 +187,10 @@ def test_pipeline_keeps_one_decoder_per_config(saved_model_and_head):
     config = DecodeConfig(mode="speculative", max_new_tokens=24)
     first = pipe.generate(["What is 2 + 3?"], config)
     decoder = pipe.decoder(config)
-    tried = decoder.planner.acceptance[HEAD].tried
+    tried = sum(decoder.planner.acceptance[HEAD].tried)
     assert tried > 0  # the probe rounds drafted and their drafts were counted
     second = pipe.generate(["What is 2 + 3?"], config)
-    assert pipe.decoder(config) is decoder and decoder.planner.acceptance[HEAD].tried >= tried
+    assert pipe.decoder(config) is decoder and sum(decoder.planner.acceptance[HEAD].tried) >= tried
     assert decoder.planner.costs or decoder.planner.probes  # what it measured is kept for the next call
     assert first.token_ids == second.token_ids
     assert pipe.decoder(DecodeConfig(mode="speculative", max_new_tokens=9)) is not decoder

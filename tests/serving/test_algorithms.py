@@ -213,9 +213,9 @@ def test_adaptive_speculative_equals_low_confidence(tmp_path, threshold, costs):
     assert tuple(tuple(r) for r in got) == want
     assert runner.req_to_token_pool.available_size() == runner.free_rows - len(got)
     if costs == RoundCosts(5.0, 5.0):
-        assert runner.forwards == rule_forwards and sum(a.tried for a in algorithm.planner.acceptance.values()) == 0
+        assert runner.forwards == rule_forwards and sum(sum(a.tried) for a in algorithm.planner.acceptance.values()) == 0
     else:
-        assert runner.forwards <= rule_forwards and sum(a.tried for a in algorithm.planner.acceptance.values()) > 0
+        assert runner.forwards <= rule_forwards and sum(sum(a.tried) for a in algorithm.planner.acceptance.values()) > 0
 
 
 def test_fallback_without_free_rows_is_exact(tmp_path):
