@@ -173,30 +173,37 @@ class SpeculativeDecoder:
         rows, threshold = step.rows, self.config.threshold
         B, L = rows.tokens.shape
         probe = self.planner.probe(B)
+        plan = self.planner.plan(B)
+        if not plan and probe is None:  # the rule's own step, as the rule runs it (no host
+            commit, tokens = threshold_pick(  # check: the driver denoises the result next)
+                step.base.logits, rows.tokens, rows.eligible, context.schedule.mask_token_id,
+                rows.positions, threshold, self.sampling)  # (B, L)
+            return Advance(torch.where(commit, tokens, rows.tokens))
         timer = Timer(rows.tokens.device, enabled=probe is not None)
         timer.start()
-        drafts = draft(context.head, context.model, step.base, rows, self.planner.plan(B),
-                       threshold, self.sampling)
+        drafts = draft(context.head, context.model, step.base, rows, plan, threshold,
+                       self.sampling)
         draft_seconds = timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
         if v == 0 or (m == 1 and probe is None):  # no later draft: the rule's own step, as
             return Advance(drafts.states[:, 0])  # the rule runs it (the driver denoises next)
         timer.start()
         check = context.verify(drafts.states[:, :v].reshape(B, v * L))
-        if probe:
+        frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
+        accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
+                          context.schedule.mask_token_id, rows.positions, threshold,
+                          self.sampling)  # (B,)
+        advance = take_accepted(drafts, check, accepted, rows.tokens, step.base)
+        if probe:  # a round's verify time includes its accept: what a verify copy adds
             seconds = timer.stop()
             if m == 1:
                 probe.add_forward(seconds)
             else:
                 probe.add_round(drafts.sources.count(HEAD), draft_seconds, v, seconds)
             self.planner.learn(B)
-        frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
-        accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
-                          context.schedule.mask_token_id, rows.positions, threshold,
-                          self.sampling)  # (B,)
         later = (accepted - 1).clamp_min(0)  # (B,) drafts after the first accepted
         if m > 1:
             context.counters.add_rounds(later, drafts.valid[:, 1])  # rows that drafted
             context.counters.add_drafts(drafts.sources, later, drafts.valid[:, 1:])
             self.planner.record(drafts.sources, later, drafts.valid[:, 1:])
-        return take_accepted(drafts, check, accepted, rows.tokens, step.base)
+        return advance
