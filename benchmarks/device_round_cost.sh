@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The device check of issue 15: benchmarks/round_cost.py on one CUDA GPU, every size
 # (embedded; sdar-1.7b, sdar-4b, sdar-8b built whole when they fit) at batch 1, 8 and 32,
-# in bfloat16. Writes $OUT/round_cost/round_cost.json, round_cost.md and log.txt.
+# in bfloat16: verify forwards of 2-6 and 8 copies (a FreeDave-sized candidate set), head
+# steps, and the projected speed of head drafts and of self-drafts (no head: a round costs
+# its verify copies only). Writes $OUT/round_cost/round_cost.json, round_cost.md and log.txt.
 # Expected well under 8 minutes on one H200 (a hard stop at 7.5); nothing is installed:
 # the script puts the checkout on sys.path, and the machine's python3 has torch,
 # safetensors, tokenizers and jinja2.

@@ -5,8 +5,9 @@ Not a test (never collected by pytest). For each size and batch it times the cal
 decoding makes, through the library's own code paths (`decoding/driver.py` BlockContext):
 - denoise: `BlockContext.denoise`, the backbone on one block of L tokens against a cached
   prefix of `--prefix` tokens, with its logits;
-- verify M: `BlockContext.verify` on M = 2..6 copies of the block side by side, each seeing
-  the cached prefix and itself only (`model/masks.py` copies_mask), with their logits;
+- verify M: `BlockContext.verify` on M = 2..6 and 8 copies of the block side by side, each
+  seeing the cached prefix and itself only (`model/masks.py` copies_mask), with their
+  logits (M = 8: a candidate set as large as FreeDave's eight draft branches);
 - head step: `MRPHead` over its keys of the prefix + `backbone.logits`, what each head draft costs (heads of 1
   and 3 layers on the SDAR shapes; the shipped 3-layer head on the embedded model).
 Sizes: `embedded` (mrp_dlm/assets/embedded and its head, block 16) and randomly initialised
@@ -25,7 +26,7 @@ against a whole model). Head steps are always timed whole.
 
 The KV cache holds random keys and values instead of a prefill's (a forward's cost does
 not depend on them, and a 512-token prefill at batch 32 would dominate a CPU run). Every
-forward attends over all cache slots: prefix + 6 blocks, rounded up to 256 as
+forward attends over all cache slots: prefix + 8 blocks, rounded up to 256 as
 `driver.generate` allocates. Timing: `--warmup` untimed rounds, then the median of
 `--repeats` rounds in which every call is timed in turn, synced around each call
 (`paired_medians` of benchmarks/head.py, so load changes on a shared machine hit all alike).
@@ -35,7 +36,9 @@ milliseconds. From them and a given acceptance (`--accepted`, default: what the 
 model and head accept) it PROJECTS the speedup of speculative decoding over the rule it
 reproduces: a round of a fixed lookahead K (`--no-adaptive`) costs verify(K+1) + K head
 steps and advances 1 + accepted steps of the rule; the rule costs one denoise forward per
-step. A projection, not a measured speed: it leaves out the rounds cut short at a block's
+step. Self-drafts (the rule's steps on the seed logits, no head: `--accepted-self`) are
+projected the same way with no head steps (head layers 0): a round costs verify(K+1).
+A projection, not a measured speed: it leaves out the rounds cut short at a block's
 end, the pick and accept arithmetic, host syncs and prefill, and assumes the embedded
 model's acceptance at every size.
 
@@ -80,7 +83,7 @@ from mrp_dlm.model.loading import load_backbone, read_config  # noqa: E402
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir  # noqa: E402
 
 DTYPE = torch.bfloat16
-COPIES = (2, 3, 4, 5, 6)  # M of the timed verify forwards
+COPIES = (2, 3, 4, 5, 6, 8)  # M of the timed verify forwards (8: a FreeDave-sized candidate set)
 SDAR_CONFIGS = {"sdar-1.7b": "sdar-4b-chat", "sdar-4b": "sdar-4b-chat",
                 "sdar-8b": "sdar-8b-chat"}  # shape -> published config (fixtures folder)
 SIZES = ("embedded", *SDAR_CONFIGS)
@@ -147,9 +150,9 @@ class Projection:
 
     size: str  # a SIZES entry
     batch: int  # B
-    head_layers: int  # depth of the drafting head
+    head_layers: int  # depth of the drafting head; 0: self-drafts (no head)
     threshold: float  # τ of the rule (1.0: static)
-    accepted: float  # head drafts accepted per round (given, not measured here)
+    accepted: float  # drafts after the first accepted per round (given, not measured here)
     round_cost: float  # denoise forwards per round: verify(K+1) + K head steps
 
     @property
@@ -319,11 +322,15 @@ def time_batch(built: Built, batch: int, args: argparse.Namespace) -> Costs:
                  {n: ms["head", n] for n in built.heads}, one_layer, layer)
 
 
-def project(costs: Costs, lookahead: int, accepted: dict[float, float]) -> list[Projection]:
-    """One projection per head depth and threshold: a round of K = `lookahead` drafts."""
+def project(costs: Costs, lookahead: int, accepted: dict[float, float],
+            accepted_self: dict[float, float]) -> list[Projection]:
+    """One projection per head depth and threshold, and per threshold for self-drafts (head
+    layers 0): a round of K = `lookahead` drafts after the first."""
     return [Projection(costs.size, costs.batch, layers, threshold, drafts,
                        costs.verify_x(lookahead + 1) + lookahead * costs.head_x(layers))
-            for layers in costs.head_ms for threshold, drafts in accepted.items()]
+            for layers in costs.head_ms for threshold, drafts in accepted.items()] + [
+        Projection(costs.size, costs.batch, 0, threshold, drafts, costs.verify_x(lookahead + 1))
+        for threshold, drafts in accepted_self.items()]
 
 
 def cost_table(rows: list[Costs]) -> list[str]:
@@ -347,7 +354,8 @@ def projection_table(projections: list[Projection], lookahead: int) -> list[str]
              "PROJECTED speedup vs rule | break-even accepted |",
              "| --- " * 8 + "|"]
     for p in projections:
-        lines.append(f"| {p.size} | {p.batch} | {p.head_layers} | {p.round_cost:.2f} | "
+        layers = p.head_layers or "0 (self-drafts)"
+        lines.append(f"| {p.size} | {p.batch} | {layers} | {p.round_cost:.2f} | "
                      f"{p.threshold:g} | {p.accepted:g} | {p.speedup:.2f}x (projection) | "
                      f"{p.break_even:.2f} |")
     return lines
@@ -390,6 +398,10 @@ def parse_args() -> argparse.Namespace:
                         help="τ:head drafts accepted per round, comma-separated; default: "
                              "the embedded model and head at K=3 (speculative over dynamic "
                              "0.9 and over static), as measured with `mrp bench`")
+    parser.add_argument("--accepted-self", default="0.9:0.27,1.0:1.45",
+                        help="τ:self-drafts accepted per round, comma-separated; default: the "
+                             "embedded model at K=3 (`mrp bench`, speculative-self rows, "
+                             "docs/experiments.md 2026-12-01 self-drafts)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed rounds, median (default: 20 on CUDA, 5 on a CPU)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
@@ -408,6 +420,7 @@ def parse_args() -> argparse.Namespace:
     args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
     args.accepted = parse_pairs(args.accepted)
+    args.accepted_self = parse_pairs(args.accepted_self)
     args.repeats = args.repeats or (20 if args.device.startswith("cuda") else 5)
     unknown = sorted(set(args.sizes) - set(SIZES))
     if unknown:
@@ -439,7 +452,8 @@ def main() -> int:
                   f"({rows[-1].scaling})", file=sys.stderr, flush=True)
         del built
         release(args.device)
-    projections = [p for row in rows for p in project(row, args.lookahead, args.accepted)]
+    projections = [p for row in rows
+                   for p in project(row, args.lookahead, args.accepted, args.accepted_self)]
     report = markdown(rows, projections, args)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     summary = dict(config=config | dict(dtype="bfloat16", copies=list(COPIES)),

@@ -137,7 +137,8 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 
 DEMO_COLUMNS = ["task", "mode", "setting", "accuracy", "tokens/forward", "tokens/s",
-                "speedup vs static", "must equal", "vs rule", "same", "lossless"]
+                "speedup vs static", "must equal", "vs rule", "vs self-drafts", "drafts",
+                "same", "lossless"]
 
 
 def demo_cells(row: dict) -> dict:
@@ -148,11 +149,17 @@ def demo_cells(row: dict) -> dict:
     versus = row["speedup_vs_rule"]
     against_rule = "-" if rule is None or versus is None else \
         f"{versus:.2f}x" + (" slower" if versus < 1 else "")  # a lossless row beats its rule or not
-    return {"task": row["task"], "mode": row["mode"], "setting": row["setting"] or "-",
+    against_self = "-" if row.get("speedup_vs_self") is None else \
+        f"{row['speedup_vs_self']:.2f}x" + (" slower" if row["speedup_vs_self"] < 1 else "")
+    share = row.get("self_draft_share")
+    mix = "-" if share is None else f"self:{share:.0%}"
+    mode = row["family"] if row["mode"] == "speculative" else row["mode"]  # speculative-self
+    return {"task": row["task"], "mode": mode, "setting": row["setting"] or "-",
             "accuracy": f"{row['accuracy']:.0%}",
             "tokens/forward": f"{row['tokens_per_forward']:.2f}",
             "tokens/s": f"{row['tokens_per_second']:.0f}", "speedup vs static": speedup,
             "must equal": rule or "-", "vs rule": against_rule,
+            "vs self-drafts": against_self, "drafts": mix,
             "same": f"{row['n'] - row['differing_from_rule']}/{row['n']}" if rule else "-",
             "lossless": lossless}
 
@@ -165,8 +172,12 @@ def demo_legend(problems: int) -> str:
             "forward, shows less than 1); speedup: tokens/s over static's, measured in this "
             "run; lossless: output identical by construction to the rule it must equal "
             "(static, or dynamic at the speculative threshold); vs rule: its tokens/s over "
-            "that rule's, the speed it must beat ('slower': it does not); same: on how many "
-            "problems it was identical")
+            "that rule's, the speed it must beat ('slower': it does not); vs self-drafts: a "
+            "head-drafting speculative row's tokens/s over speculation with self-drafts only "
+            "(the rule's steps on the seed logits, no head) at the same threshold; drafts: "
+            "the share of its drafts after the first that were self-drafts (the rest: head "
+            "drafts); same: on how many problems it was "
+            "identical")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

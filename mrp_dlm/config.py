@@ -19,10 +19,11 @@ SDAR_BLOCK_SIZE = 4
 SDAR_STOP_TOKEN_IDS = (151645, 151643)
 
 STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only modes
-MRP_MODES = ("direct", "speculative", "remask")  # modes that need an MRP head
+MRP_MODES = ("direct", "speculative", "remask")  # modes that use an MRP head (speculative can do without)
 LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
 REMASK_RULES = ("chain", "paper", "paper-context")  # see `decoding/remask.py`, `decoding/veto.py`
+DRAFTERS = ("head", "self")  # what speculative decoding drafts with, see `decoding/drafting.py`
 # What a model loads in unless told (Pipeline, `mrp`). Plain names, so that the CLI builds its
 # help without importing torch (`model/loading.py` maps them to torch dtypes).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model loads in
@@ -90,7 +91,8 @@ class DecodeConfig:
     lookahead: int = 3  # direct/speculative: MRP head steps per backbone forward (K)
     remask_rule: str = "chain"  # remask: chain (keep the step's reveals while the head, run on the reveals before each, still finds it above threshold), paper (the v2 paper's residual veto: send back every proposal whose |C| at its token exceeds remask_delta, the head on the block alone as the official loop), paper-context (the same veto, the head attending to its keys of earlier blocks as trained)
     remask_delta: float = 2.0  # δ of the paper remask rules: a proposal is vetoed when |C| at its token exceeds this
-    adaptive: bool = True  # speculative: run only the head drafts that the measured acceptance and round cost say pay off (lookahead is the most); off: always lookahead
+    adaptive: bool = True  # speculative: run per round the drafts (head or self) that the measured acceptance and round costs say pay most (lookahead is the most); off: always lookahead head drafts (self-drafts without a head)
+    drafter: str = "head"  # speculative: head (the MRP head where one is loaded, mixed with self-drafts as adaptive chooses; without a head, self-drafts) or self (self-drafts only, the rule's steps on the seed logits: no head read or run)
     stop_token_ids: tuple[int, ...] | None = None  # None means the model's stop ids
 
     def __post_init__(self) -> None:
@@ -111,6 +113,9 @@ class DecodeConfig:
         if self.remask_rule not in REMASK_RULES:
             raise ValueError(f"unknown remask_rule {self.remask_rule!r}; choose one of "
                              f"{', '.join(REMASK_RULES)}")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"unknown drafter {self.drafter!r}; choose one of "
+                             f"{', '.join(DRAFTERS)}")
         if self.remask_delta < 0:
             raise ValueError(f"remask_delta must be >= 0, got {self.remask_delta}")
         if self.entropy_bound < 0:
@@ -123,6 +128,17 @@ class DecodeConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def needs_head(self) -> bool:
+        """An MRP mode that cannot run without a head (speculation self-drafts without one)."""
+        return self.mode in MRP_MODES and self.mode != "speculative"
+
+    @property
+    def uses_head(self) -> bool:
+        """An MRP mode that decodes with the head where one is loaded."""
+        return self.mode in MRP_MODES and not (self.mode == "speculative"
+                                               and self.drafter == "self")
 
     @property
     def vetoes(self) -> bool:

@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mrp_dlm.config import MRP_MODES, DecodeConfig, check_block_divides
+from mrp_dlm.config import DecodeConfig, check_block_divides
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
@@ -62,8 +62,9 @@ class Pipeline:
         return None if self.head_dir is None else load_head(self.head_dir, self.model)
 
     def head_for(self, config: DecodeConfig) -> MRPHead | None:
-        """The head `config` decodes with; None for the modes that use none."""
-        return self.head if config.mode in MRP_MODES else None
+        """The head `config` decodes with; None for the modes that use none (and for
+        speculation with self-drafts only, which never reads it)."""
+        return self.head if config.uses_head else None
 
     @classmethod
     def load(cls, directory: str | Path | None = None, dtype: str = DEFAULT_DTYPE,

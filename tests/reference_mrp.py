@@ -21,7 +21,9 @@ Semantics (MRP_BRIEF §2, §4):
   own step) and S_2..S_{K+1} (chained head steps, each the rule's step on A + sum C; none
   after a state without masks), then checks every draft by running the full backbone on
   each candidate state S_j separately: draft j+1 stands while the backbone's own step on
-  S_j gives S_{j+1}. The block becomes the last accepted state.
+  S_j gives S_{j+1}. The block becomes the last accepted state. Without a head
+  (self-drafts), S_2..S_{K+1} are the rule's steps on the seed logits A themselves, each
+  over the positions still masked and sampled with its own state's draw key.
 - remask: dynamic proposal (every masked position above threshold, the top n_s when fewer
   qualify); the reveals in order of confidence
   (highest first, ties to the lower position); the first is kept, and each next reveal that
@@ -166,7 +168,7 @@ def direct_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
     trace.steps += step
 
 
-def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,
+def speculative_block(model: Backbone, head: MRPHead | None, sequence: list[int], start: int,
                       config: DecodeConfig, block_size: int, steps: int, mask_token_id: int,
                       trace: Trace) -> None:
     assert steps == block_size
@@ -174,7 +176,8 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
     while mask_token_id in sequence[start:start + block_size]:
         current = sequence[start:start + block_size]
         hidden, logits = block_state(model, sequence, start, block_size)
-        # Draft: S_1 from the backbone, then chained head steps while masks remain.
+        # Draft: S_1 from the backbone, then chained head steps (without a head, the rule
+        # again on the seed logits) while masks remain.
         drafts: list[list[int]] = []
         state, accumulator = current, hidden
         for index in range(K + 1):
@@ -182,6 +185,8 @@ def speculative_block(model: Backbone, head: MRPHead, sequence: list[int], start
             drafts.append(state)
             if mask_token_id not in state or index == K:
                 break
+            if head is None:
+                continue
             accumulator = accumulator + head_residual(model, head, sequence, state,
                                                       accumulator, start)
             trace.head_calls += 1
@@ -293,7 +298,7 @@ BLOCK_DECODERS = {"direct": direct_block, "speculative": speculative_block,
                   "remask": remask_block}
 
 
-def reference_mrp_generate(model: Backbone, head: MRPHead, prompt: list[int],
+def reference_mrp_generate(model: Backbone, head: MRPHead | None, prompt: list[int],
                            config: DecodeConfig) -> Trace:
     """Decode one prompt with the MRP mode named by config.mode; see the module docstring."""
     decode_block = BLOCK_DECODERS[config.mode]

@@ -49,17 +49,20 @@ def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     assert all(row["n"] == 2 for row in report)
     lines = out.splitlines()
     header = lines.index(next(line for line in lines if line.startswith("task")))
-    assert lines[header].split()[-10:] == ["tokens/s", "speedup", "vs", "static", "must", "equal",
-                                           "vs", "rule", "same", "lossless"]
-    table = {tuple(line.split()[:3]): line.split() for line in lines[header + 1:header + 13]}
-    assert table["arith", "static", "-"][-5:] == ["1.00x", "-", "-", "-", "reference"]
+    assert lines[header].split()[-13:] == ["tokens/s", "speedup", "vs", "static", "must", "equal",
+                                           "vs", "rule", "vs", "self-drafts", "drafts", "same",
+                                           "lossless"]
+    table = {tuple(line.split()[:3]): line.split() for line in lines[header + 1:header + 15]}
+    assert table["arith", "static", "-"][-7:] == ["1.00x", "-", "-", "-", "-", "-", "reference"]
     spec = table["arith", "speculative", "lookahead=3"]
     assert spec[-1] == "yes" and spec[-2] == "2/2" and "dynamic:0.9" in spec
     speed = next(row for row in json.loads(out.strip().splitlines()[-1])["demo"]
-                 if row["task"] == "arith" and row["mode"] == "speculative")["speedup_vs_rule"]
-    assert f"{speed:.2f}x" in spec and (("slower" in spec) == (speed < 1))
+                 if row["task"] == "arith" and row["family"] == "speculative")["speedup_vs_rule"]
+    assert f"{speed:.2f}x" in spec and spec[-3].startswith("self:")
+    drafts_self = table["arith", "speculative-self", "lookahead=3"]
+    assert drafts_self[-1] == "yes" and drafts_self[-3] in ("self:100%", "-")
     assert table["arith", "direct", "lookahead=4"][-1] == "no"
-    assert lines[header + 13].startswith("accuracy: share of 2 held-out problems per task "
+    assert lines[header + 15].startswith("accuracy: share of 2 held-out problems per task "
                                          "solved, all 2 decoded as one batch of 2")
     for bar in ("warm-up arith", "arith static", "arith-code speculative:3@0.9"):
         assert bar in err  # progress per task and mode
@@ -100,9 +103,10 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
     assert "| arith-code | speculative:2@0.5 |" in out
     assert "warm-up arith-code" in err and "arith-code speculative:2@0.5" in err  # progress
     report = json.loads(out.strip().splitlines()[-1])
-    assert [row["label"] for row in report["rows"]] == ["static", "speculative:2@0.5",
-                                                        "dynamic:0.5"]
-    spec = report["rows"][1]
+    assert [row["label"] for row in report["rows"]] == ["static", "speculative-self:2@0.5",
+                                                        "speculative:2@0.5", "dynamic:0.5"]
+    spec = report["rows"][2]
+    assert spec["speedup_vs_self"] > 0 and report["rows"][1]["head_forwards"] == 0
     assert (spec["reproduces"], spec["identical_to_rule"], spec["differing_from_rule"]) == \
         ("dynamic:0.5", 1.0, 0)
     assert report["config"]["head"] == str(head_dir.resolve())
@@ -144,7 +148,7 @@ BAD_EVAL = {
     "bad grid": (["bench", "--grid", "static,dynamic:2"], "grid entry 'dynamic:2': threshold"),
     "limit 0": (["eval", "--limit", "0"], "--limit must be >= 1"),
     "data for a generated task": (["eval", "--data", "x.jsonl"], "takes no data file"),
-    "mrp mode without head": (["eval", "--mode", "speculative"], "needs an MRP head"),
+    "mrp mode without head": (["eval", "--mode", "direct"], "needs an MRP head"),
     "eval batch size 0": (["eval", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     "bench batch size 0": (["bench", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
 }

@@ -1,26 +1,37 @@
-"""How many head drafts a speculative round runs: only those likely to pay for themselves.
+"""Which drafts a speculative round runs: only those likely to pay for themselves.
 
-A head draft costs one head step and one more verify copy; it saves one step of the rule
-(one backbone forward) when it and every draft before it are accepted. So a round runs
-head draft j only while
+A round's drafts after the first (the rule's own step on the seed logits A) come from one
+of two sources, chosen per depth:
+- a head draft: one head step, then the rule's step on A + sum C (`HEAD`);
+- a self-draft: the rule's step on A itself over the positions still masked (`SELF`, no
+  head forward at all: the training-free drafts of FreeDave-style decoders).
+Either costs one more verify copy; a head draft also costs its head step. A draft saves one
+step of the rule (one backbone forward) when it and every draft before it are accepted. So
+a round's plan (a sequence of sources, at most the lookahead long) is worth
 
-    P(head drafts 1..j all accepted) > cost(head step) + cost(verify copy)
+    sum_j P(drafts 1..j all accepted) - sum_j cost(source_j)
 
-with both costs in denoise forwards. P is the running acceptance rate of the rows' head
-drafts so far (`Acceptance`, one rate for every depth: on the embedded model it varies
-little with depth), raised to the j-th power. The costs are learnt per batch size from
-the decode's own first rounds (`CostProbe`: a one-copy forward, a verify forward of
-several copies and head steps, timed; no forward runs for the measurement alone), so that
-a busy CPU, a GPU and a large batch each get their own answer. When
-no draft pays, a round is the rule's own step at exactly the rule's cost; every
-`EXPLORE_EVERY`-th such round tries one draft, so that a rate which has grown is seen,
-for as long as the rate plus two standard errors would still pay (a draft whose cost
-exceeds 1, as a verify copy at batch 8 on a CPU, is never explored).
+in denoise forwards, and the plan run is the one of highest worth (none: the rule's own
+step). P multiplies the running acceptance rates of each draft's source at its depth
+(`Acceptance`, per source and depth). With one rate per source, putting the higher rate
+first never lowers the worth (swapping two neighbours changes only the reach between
+them), so the best plan is some drafts of one source followed by some of the other; with
+rates that fall with depth this stays the family searched (`best_plan`, both orders).
+The costs are learnt per batch size from the decode's own first rounds (`CostProbe`: a
+one-copy forward, a verify forward of several copies and head steps, timed; no forward
+runs for the measurement alone), so that a busy CPU, a GPU and a large batch each get their
+own answer. Every `EXPLORE_EVERY`-th round, a source the plan leaves out is tried as the
+plan with its rate plus two standard errors would run it, for as long as that optimistic
+plan still uses it (so a head that self-drafts beat at the same measured acceptance is not
+explored for ever, and one whose rate has grown is seen).
+
+Without a head only self-drafts exist; with `adaptive` off every round drafts the
+lookahead from the head (self-drafts without one).
 
 The output never depends on any of this: every committed state is still the backbone's
 own step (see `speculative.py`). Only the work per round does.
 
-Shapes: B batch, L block size.
+Shapes: B batch, L block size, D drafts after the first.
 """
 
 from __future__ import annotations
@@ -31,60 +42,94 @@ from dataclasses import dataclass, field
 
 import torch
 
-EXPLORE_EVERY = 8  # rounds without a paying draft between two exploring drafts (while plausible)
+EXPLORE_EVERY = 8  # rounds between two exploring plans (while a left-out source could pay)
 TIMING_REPEATS = 6  # timed samples of each cost before the plan uses them; the fastest counts
+HEAD, SELF = "head", "self"  # draft sources: a head step's logits, or the seed logits A
+SOURCES = (HEAD, SELF)
 
 
 @dataclass(frozen=True)
 class RoundCosts:
-    """What one more head draft costs, in denoise forwards of the same batch."""
+    """What one more draft costs, in denoise forwards of the same batch."""
 
     head_step: float  # a head step (head layers, logits, the rule's pick)
     copy: float  # one more block copy in the verify forward
 
-    @property
-    def per_draft(self) -> float:
-        return self.head_step + self.copy
+    def of(self, source: str) -> float:
+        """A draft of `source`: its verify copy, and a head draft its head step."""
+        return self.copy + (self.head_step if source == HEAD else 0.0)
 
 
 @dataclass
 class Acceptance:
-    """Running counts of the head drafts verified and accepted (every depth pooled)."""
+    """Running counts of one source's drafts verified and accepted, per depth in the round
+    (0: the draft after the first). Acceptance falls with depth, steeply for self-drafts
+    (on the embedded model at τ = 0.9: 0.26 then 0.03; head drafts 0.64 then 0.34), so a
+    plan reads each depth's own rate, shrunk towards the source's pooled rate where a depth
+    has few verdicts."""
 
-    tried: int = 0  # head drafts whose verdict was read (up to each row's first rejection)
-    accepted: int = 0  # of which accepted
-    rounds: int = 0  # rounds planned
-
-    @property
-    def rate(self) -> float:
-        """Accepted share with one prior success and one prior failure (0.5 before data)."""
-        return (self.accepted + 1) / (self.tried + 2)
-
-    def record(self, accepted: torch.Tensor, drafted: torch.Tensor) -> None:
-        """accepted: (B,) head drafts accepted per row; drafted: (B,) head drafts it had."""
-        accepted, drafted = accepted.tolist(), drafted.tolist()
-        self.accepted += sum(accepted)
-        self.tried += sum(min(d, a + 1) for a, d in zip(accepted, drafted))
-
-    def plan(self, costs: RoundCosts, most: int) -> int:
-        """Head drafts worth running this round (0..most)."""
-        self.rounds += 1
-        reach, drafts = 1.0, 0
-        while drafts < most:
-            reach *= self.rate
-            if reach <= costs.per_draft:
-                break
-            drafts += 1
-        if drafts == 0 and most > 0 and self.rounds % EXPLORE_EVERY == 0 \
-                and self.optimistic_rate > costs.per_draft:
-            return 1
-        return drafts
+    tried: list[int] = field(default_factory=list)  # per depth: verdicts read (up to each row's first rejection)
+    accepted: list[int] = field(default_factory=list)  # per depth: of which accepted
 
     @property
-    def optimistic_rate(self) -> float:
-        """The rate plus two standard errors: exploring stops once even this does not pay."""
-        rate = self.rate
-        return rate + 2 * math.sqrt(rate * (1 - rate) / (self.tried + 2))
+    def pooled(self) -> float:
+        """Accepted share over every depth with one prior success and one prior failure."""
+        return (sum(self.accepted) + 1) / (sum(self.tried) + 2)
+
+    def rate(self, depth: int) -> float:
+        """Accepted share at `depth`, with two prior verdicts at the pooled rate."""
+        tried, good = self.at(depth)
+        return (good + 2 * self.pooled) / (tried + 2)
+
+    def optimistic_rate(self, depth: int) -> float:
+        """The rate at `depth` plus two standard errors (at most 1)."""
+        rate = self.rate(depth)
+        return min(rate + 2 * math.sqrt(rate * (1 - rate) / (self.at(depth)[0] + 2)), 1.0)
+
+    def at(self, depth: int) -> tuple[int, int]:
+        return (self.tried[depth], self.accepted[depth]) if depth < len(self.tried) else (0, 0)
+
+    def add(self, depth: int, tried: int, accepted: int) -> None:
+        while len(self.tried) <= depth:
+            self.tried.append(0)
+            self.accepted.append(0)
+        self.tried[depth] += tried
+        self.accepted[depth] += accepted
+
+
+def verdicts(accepted: torch.Tensor, valid: torch.Tensor) -> list[tuple[int, int]]:
+    """(tried, accepted) per depth of one round's D drafts after the first.
+
+    accepted: (B,) of them accepted per row; valid: (B, D) the draft revealed a position. A
+    row's verdicts are read up to its first rejection.
+    """
+    depth = torch.arange(valid.shape[1], device=accepted.device)  # (D,)
+    read = valid & (depth[None] <= accepted[:, None])  # (B, D)
+    stood = depth[None] < accepted[:, None]  # (B, D)
+    return list(zip(*torch.stack((read.sum(dim=0), stood.sum(dim=0))).tolist()))
+
+
+def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int) -> tuple[str, ...]:
+    """The sources of the plan of highest worth (module docstring), at most `most` drafts:
+    a drafts of one source, then b of the other; rates: per source, the acceptance at each
+    depth 0..most-1."""
+    best, best_worth = (), 0.0
+    for first in rates:
+        second = next((s for s in rates if s != first), first)
+        worth_a, reach_a = 0.0, 1.0
+        for a in range(most + 1):
+            if a:
+                reach_a *= rates[first][a - 1]
+                worth_a += reach_a - costs.of(first)
+            worth, reach = worth_a, reach_a
+            for b in range(1, most - a + 1):
+                reach *= rates[second][a + b - 1]
+                worth += reach - costs.of(second)
+                if worth > best_worth:
+                    best, best_worth = (first,) * a + (second,) * b, worth
+            if worth_a > best_worth:
+                best, best_worth = (first,) * a, worth_a
+    return best
 
 
 class Timer:
@@ -117,19 +162,21 @@ class CostProbe:
 
     Probe rounds alternate between the rule's own step with its forward as a one-copy
     verify (what the rule itself would run: timed as one forward) and a full-lookahead
-    round (its head steps and its verify forward of v copies timed). No forward is run for
-    the measurement alone. Each cost keeps its fastest sample: other work on the machine
-    only ever adds time.
+    round (its drafts' head steps, if any, and its verify forward of v copies timed). No
+    forward is run for the measurement alone. Each cost keeps its fastest sample: other
+    work on the machine only ever adds time. Without a head, head steps are never timed.
     """
 
     lookahead: int  # K: the probe rounds' drafts
+    source: str = HEAD  # what the full-lookahead rounds draft with
     forward: list[float] = field(default_factory=list)  # seconds of one-copy forwards
     copies: dict[int, list[float]] = field(default_factory=dict)  # v -> verify seconds
     head_steps: list[float] = field(default_factory=list)  # seconds per head step
 
-    def next_drafts(self) -> int:
-        """Head drafts of the next probe round: 0 (time a forward) or the lookahead."""
-        return 0 if len(self.forward) <= len(self.head_steps) else self.lookahead
+    def next_plan(self) -> tuple[str, ...]:
+        """The next probe round's drafts: none (time a forward) or the lookahead's."""
+        rounds = sum(len(t) for t in self.copies.values())
+        return () if len(self.forward) <= rounds else (self.source,) * self.lookahead
 
     def add_forward(self, seconds: float) -> None:
         self.forward.append(seconds)
@@ -141,27 +188,31 @@ class CostProbe:
         self.copies.setdefault(copies, []).append(verify_seconds)
 
     def costs(self) -> RoundCosts | None:
-        """The costs, once TIMING_REPEATS samples of a forward, a head step and a verify of
-        more than one copy are in; else None."""
+        """The costs, once TIMING_REPEATS samples of a forward, of a head step (with a
+        head) and a verify of more than one copy are in; else None."""
         wider = {v: min(t) for v, t in self.copies.items() if v > 1}
-        if min(len(self.forward), len(self.head_steps)) < TIMING_REPEATS or not wider:
+        heads = len(self.head_steps) if self.source == HEAD else TIMING_REPEATS
+        if min(len(self.forward), heads) < TIMING_REPEATS or not wider:
             return None
         one = min(self.forward)
         v = max(wider)
-        return RoundCosts(head_step=min(self.head_steps) / one,
-                          copy=max(wider[v] - one, 0.0) / (one * (v - 1)))
+        head_step = min(self.head_steps) / one if self.head_steps else 0.0
+        return RoundCosts(head_step=head_step, copy=max(wider[v] - one, 0.0) / (one * (v - 1)))
 
 
 class DraftPlanner:
     """What a speculative decoder keeps across the calls it serves (the library's decoder
-    and the SGLang plugin's algorithm alike): the acceptance of its head, and per batch key
-    (a batch size, or a bucket of them) the round costs once learnt, a `CostProbe` while
-    they are being learnt. Not adaptive: every round drafts the lookahead, nothing is kept.
+    and the SGLang plugin's algorithm alike): the acceptance of each draft source, the
+    rounds planned, and per batch key (a batch size, or a bucket of them) the round costs
+    once learnt, a `CostProbe` while they are being learnt. Not adaptive: every round
+    drafts the lookahead from the head (from the seed without one), nothing is kept.
     """
 
-    def __init__(self, lookahead: int, adaptive: bool) -> None:
+    def __init__(self, lookahead: int, adaptive: bool, head: bool = True) -> None:
         self.lookahead, self.adaptive = lookahead, adaptive
-        self.acceptance = Acceptance()
+        self.sources = SOURCES if head else (SELF,)  # what this decoder can draft from
+        self.acceptance = {source: Acceptance() for source in self.sources}
+        self.rounds = 0  # rounds planned from learnt costs
         self.costs: dict[int, RoundCosts] = {}  # by batch key, once known
         self.probes: dict[int, CostProbe] = {}  # by batch key, while learning the costs
 
@@ -169,16 +220,31 @@ class DraftPlanner:
         """The cost probe of `key` while its costs are unknown (adaptive only)."""
         if not self.adaptive or key in self.costs:
             return None
-        return self.probes.setdefault(key, CostProbe(self.lookahead))
+        return self.probes.setdefault(key, CostProbe(self.lookahead, self.sources[0]))
 
-    def drafts(self, key: int) -> int:
-        """Head drafts the next round runs: the lookahead; adaptive, those that pay (or the
-        next probe round's while the costs of `key` are being learnt)."""
+    def plan(self, key: int) -> tuple[str, ...]:
+        """The sources of the next round's drafts after the first: the lookahead's from the
+        head (self-drafts without one); adaptive, the plan of highest worth, an exploring
+        one every EXPLORE_EVERY-th round, or the next probe round's while the costs of
+        `key` are being learnt."""
         if not self.adaptive:
-            return self.lookahead
+            return (self.sources[0],) * self.lookahead
         if key not in self.costs:
-            return self.probe(key).next_drafts()
-        return self.acceptance.plan(self.costs[key], self.lookahead)
+            return self.probe(key).next_plan()
+        costs, self.rounds = self.costs[key], self.rounds + 1
+        depths = range(self.lookahead)
+        rates = {s: [a.rate(d) for d in depths] for s, a in self.acceptance.items()}
+        plan = best_plan(rates, costs, self.lookahead)
+        if self.rounds % EXPLORE_EVERY == 0:
+            left_out = [s for s in self.sources if s not in plan]
+            left_out.sort(key=lambda source: sum(self.acceptance[source].tried))
+            for source in left_out:
+                hopeful = best_plan(
+                    {**rates, source: [self.acceptance[source].optimistic_rate(d)
+                                       for d in depths]}, costs, self.lookahead)
+                if source in hopeful:
+                    return hopeful
+        return plan
 
     def learn(self, key: int) -> None:
         """Keep the costs of `key` once its probe has enough samples."""
@@ -187,7 +253,11 @@ class DraftPlanner:
             self.costs[key] = costs
             del self.probes[key]
 
-    def record(self, accepted: torch.Tensor, drafted: torch.Tensor) -> None:
-        """A round's verdicts (see `Acceptance.record`); kept only when adaptive."""
-        if self.adaptive:
-            self.acceptance.record(accepted, drafted)
+    def record(self, sources: tuple[str, ...], accepted: torch.Tensor,
+               valid: torch.Tensor) -> None:
+        """A round's verdicts (see `verdicts`), per source and depth; kept only when
+        adaptive."""
+        if self.adaptive and sources:
+            for depth, (source, (tried, good)) in enumerate(
+                    zip(sources, verdicts(accepted, valid))):
+                self.acceptance[source].add(depth, tried, good)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mrp_dlm.config import BlockSchedule, DecodeConfig
+from mrp_dlm.decoding.drafting import SOURCES
 from mrp_dlm.decoding.head_cache import HeadCache
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Decoder, Step
@@ -83,11 +84,12 @@ class Counters:
     histogram: torch.Tensor  # (M,) int64, speculative rounds by head drafts accepted
     row_forwards: torch.Tensor  # (2,) int64, row forwards: all, and denoise/verify only
     vetoed: torch.Tensor  # () int64, remask proposals sent back to mask
+    drafts: torch.Tensor  # (2, 2) int64, speculative drafts by source: made, accepted
 
     @classmethod
     def start(cls, copies: int, device: torch.device) -> "Counters":
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-        return cls(DecodeStats(), zeros(), zeros(copies), zeros(2), zeros())
+        return cls(DecodeStats(), zeros(), zeros(copies), zeros(2), zeros(), zeros(2, 2))
 
     def add_prefill(self, rows: int) -> None:
         self.stats.prefill_forwards += 1
@@ -117,6 +119,16 @@ class Counters:
     def add_rounds(self, accepted: torch.Tensor, counted: torch.Tensor) -> None:
         """accepted: (B,) head drafts accepted per row; counted: (B,) rows that ran a round."""
         self.histogram += torch.bincount(accepted[counted], minlength=self.histogram.shape[0])
+
+    def add_drafts(self, sources: tuple[str, ...], accepted: torch.Tensor,
+                   valid: torch.Tensor) -> None:
+        """sources: the D later drafts' sources; accepted: (B,) of them accepted per row;
+        valid: (B, D) the draft revealed a position (only those count as made)."""
+        depth = torch.arange(len(sources), device=valid.device)  # (D,)
+        stood = valid & (depth[None] < accepted[:, None])  # (B, D)
+        index = torch.tensor([SOURCES.index(s) for s in sources], device=valid.device)  # (D,)
+        self.drafts.index_add_(0, index, torch.stack((valid.sum(dim=0), stood.sum(dim=0)),
+                                                     dim=1))  # (D, 2) into (2, 2)
 
 
 @dataclass
@@ -346,6 +358,9 @@ def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule:
     stats = counters.stats
     stats.committed = int(counters.committed)
     stats.vetoed = int(counters.vetoed)
+    (stats.head_drafts, stats.head_drafts_accepted), (stats.self_drafts,
+                                                      stats.self_drafts_accepted) = (
+        counters.drafts.tolist())
     stats.row_forwards, stats.row_denoise_forwards = counters.row_forwards.tolist()
     histogram = counters.histogram.tolist()
     stats.rounds, stats.accepted = sum(histogram), sum(i * n for i, n in enumerate(histogram))

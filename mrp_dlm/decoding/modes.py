@@ -18,6 +18,8 @@ MRP_DECODERS = {"direct": DirectDecoder, "speculative": SpeculativeDecoder,
 def make_decoder(config: DecodeConfig, head: MRPHead | None = None) -> Decoder:
     if config.mode not in MRP_MODES:
         return StrategyDecoder(config)
+    if config.mode == "speculative":  # without a head (or drafter self): self-drafts only
+        return SpeculativeDecoder(config, head if config.uses_head else None)
     if head is None:
         raise ValueError(f"mode {config.mode!r} needs an MRP head (--head DIR)")
     if config.vetoes:

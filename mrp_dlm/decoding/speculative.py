@@ -1,4 +1,5 @@
-"""Speculative MRP decoding (lossless): the head drafts, the backbone verifies.
+"""Speculative MRP decoding (lossless): drafts from the head or from the seed logits, the
+backbone verifies.
 
 The rule it reproduces is threshold decoding, one step per forward (`--mode dynamic
 --threshold τ`): a step commits every masked position whose confidence exceeds τ, else the
@@ -13,12 +14,15 @@ rule takes there, and the output is the seeded sampled decode itself, token for 
 
 Each round (one step of the driver's loop), from the backbone's logits on the current
 block state S_0 (the seed):
-- draft: draft 1 is the backbone's own step on S_0; drafts 2..K+1 come from K head steps,
-  each the rule's step on A + sum C after the drafts so far. This gives candidate states
-  S_1 .. S_m; drafting stops early (m < K + 1) once no row has a masked position left, and
-  with `adaptive` a round runs only the head drafts its measured acceptance and cost say
-  will pay (`drafting.py`). A round without head drafts is the rule's own step: no verify
-  forward, the driver's denoise forward on S_1 seeds the next round, as in the rule.
+- draft: draft 1 is the backbone's own step on S_0; each later draft is the rule's step,
+  on the positions still masked after the draft before it, either on A + sum C after one
+  more head step (a head draft) or on the seed logits A themselves (a self-draft: no head
+  forward, only its verify copy). This gives candidate states S_1 .. S_m; drafting stops
+  early once no row has a masked position left. Which source each later draft comes from,
+  and how many there are, is the round's plan (`drafting.py`: with `adaptive`, the plan
+  its measured acceptance and costs say pays most; without a head, self-drafts only). A
+  round without later drafts is the rule's own step: no verify forward, the driver's
+  denoise forward on S_1 seeds the next round, as in the rule.
 - verify: one backbone forward over the candidates S_1 .. S_v side by side (each sees the
   cached prefix and itself only). A last candidate without masks in any row is not
   verified (v = m - 1): its check could only seed a round that never comes.
@@ -30,7 +34,8 @@ block state S_0 (the seed):
 
 Every committed state is the backbone's own step (with the rule's own draws) on the state
 before it, so the output equals the rule's decode token for token (up to float rounding:
-the step is computed on verify logits, see README); a bad head only lowers acceptance.
+the step is computed on verify logits, see README); a bad head or poor self-drafts only
+lower acceptance.
 
 Shapes: B batch, L block size, H hidden, V vocab, K lookahead, m <= K + 1 drafts,
 v <= m verified candidates.
@@ -43,11 +48,11 @@ from dataclasses import dataclass
 import torch
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.drafting import DraftPlanner, Timer
+from mrp_dlm.decoding.drafting import HEAD, SELF, DraftPlanner, Timer
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.head_cache import HeadSteps
-from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, repeat_rows
-from mrp_dlm.decoding.selection import threshold_pick
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, draw_index, propose, repeat_rows
+from mrp_dlm.decoding.selection import select_dynamic, threshold_pick
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
@@ -58,6 +63,7 @@ class Drafts:
     states: torch.Tensor  # (B, m, L) candidate block states S_1 .. S_m
     valid: torch.Tensor  # (B, m) bool, the draft revealed a position
     finished: bool  # no row has a masked position left in S_m
+    sources: tuple[str, ...] = ()  # m - 1 entries: HEAD or SELF, the source of S_2 .. S_m
 
     @property
     def verified(self) -> int:
@@ -65,35 +71,53 @@ class Drafts:
         return self.states.shape[1] - self.finished
 
 
-def draft(head: HeadSteps, backbone: HeadBackbone, seed: BackboneStep, rows: BlockRows,
-          copies: int, threshold: float, sampling: SamplingConfig = GREEDY) -> Drafts:
-    """Draft 1: the rule's step on the seed logits; drafts 2..: chained head steps, at most
-    `copies` drafts in all, and none once no row has a masked position left.
+def draft(head: HeadSteps | None, backbone: HeadBackbone, seed: BackboneStep, rows: BlockRows,
+          sources: tuple[str, ...], threshold: float, sampling: SamplingConfig = GREEDY
+          ) -> Drafts:
+    """Draft 1: the rule's step on the seed logits A; then one draft per entry of `sources`,
+    none once no row has a masked position left. HEAD: a head step on the drafts so far,
+    then the rule's step on A + sum C; SELF: the rule's step on A itself (no head forward).
+    Each step runs on the positions still masked after the draft before it, sampled with
+    that state's draw key, as the verifier's step on it is.
 
-    seed: the backbone on rows.tokens; runs m - 1 head steps (one host check per draft).
+    seed: the backbone on rows.tokens; head: used only for HEAD drafts (None: none).
+    Runs one head step per HEAD draft made (one host check per draft).
     """
     mask_token_id = backbone.config.mask_token_id
-    logits, accumulator, state, eligible = seed.logits, seed.hidden, rows.tokens, rows.eligible
-    states, valid = [], []
-    for index in range(copies):
-        commit, tokens = threshold_pick(logits, state, eligible, mask_token_id,
-                                        rows.positions, threshold, sampling)  # (B, L)
+    accumulator, state, eligible = seed.hidden, rows.tokens, rows.eligible
+    # The rule's proposal on A for S_0's draw key; greedy proposals ignore the key, so every
+    # greedy self-draft reuses it (a sampled one draws anew with its own state's key).
+    on_seed = propose(seed.logits, mask_token_id, sampling, rows.positions,
+                      draw_index(state, mask_token_id))
+    states, valid, made = [], [], []
+    for source in (SELF, *sources):
+        if source == HEAD:
+            accumulator = head.advance(state, accumulator)  # (B, L, H)
+            logits = backbone.logits(accumulator)  # (B, L, V): A + sum C
+        elif not made or sampling.greedy:
+            logits = None
+        else:
+            logits = seed.logits
+        proposal = on_seed if logits is None else propose(
+            logits, mask_token_id, sampling, rows.positions, draw_index(state, mask_token_id))
+        commit = select_dynamic(proposal.confidence, eligible, 1, threshold)  # (B, L)
+        tokens = proposal.tokens  # (B, L)
         state = torch.where(commit, tokens, state)  # (B, L)
         states.append(state)
         valid.append(commit.any(dim=1))
+        made.append(source)
         eligible = eligible & ~commit
         finished = not bool(eligible.any())
-        if finished or index + 1 == copies:
+        if finished:
             break
-        accumulator = head.advance(state, accumulator)  # (B, L, H)
-        logits = backbone.logits(accumulator)  # (B, L, V): A + sum C
-    return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished)
+    return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished,
+                  tuple(made[1:]))
 
 
 def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_token_id: int,
            positions: torch.Tensor, threshold: float,
            sampling: SamplingConfig = GREEDY) -> torch.Tensor:
-    """Drafts accepted per row (B,): 1 + the leading head drafts the backbone agrees with.
+    """Drafts accepted per row (B,): 1 + the leading later drafts the backbone agrees with.
 
     logits: (B, v, L, V) backbone logits of the verify states S_1 .. S_v, v >= m - 1;
     frozen: (B, L) bool positions the rule never reveals (prompt, finished rows). Draft
@@ -135,42 +159,51 @@ def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
 
 
 class SpeculativeDecoder:
-    """Keeps, across the calls it serves, the acceptance of its head and the round costs
-    per batch size (its `DraftPlanner`, see `drafting.py`)."""
+    """Keeps, across the calls it serves, the acceptance of each draft source and the round
+    costs per batch size (its `DraftPlanner`, see `drafting.py`). Without a head it
+    self-drafts only."""
 
-    def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
+    def __init__(self, config: DecodeConfig, head: MRPHead | None) -> None:
         self.config, self.head = config, head
         self.copies = config.lookahead + 1
-        self.planner = DraftPlanner(config.lookahead, config.adaptive)
+        self.planner = DraftPlanner(config.lookahead, config.adaptive, head is not None)
         self.sampling = sampling_of(config)
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows, threshold = step.rows, self.config.threshold
         B, L = rows.tokens.shape
         probe = self.planner.probe(B)
+        plan = self.planner.plan(B)
+        if not plan and probe is None:  # the rule's own step, as the rule runs it (no host
+            commit, tokens = threshold_pick(  # check: the driver denoises the result next)
+                step.base.logits, rows.tokens, rows.eligible, context.schedule.mask_token_id,
+                rows.positions, threshold, self.sampling)  # (B, L)
+            return Advance(torch.where(commit, tokens, rows.tokens))
         timer = Timer(rows.tokens.device, enabled=probe is not None)
         timer.start()
-        drafts = draft(context.head, context.model, step.base, rows, 1 + self.planner.drafts(B),
-                       threshold, self.sampling)
+        drafts = draft(context.head, context.model, step.base, rows, plan, threshold,
+                       self.sampling)
         draft_seconds = timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
-        if v == 0 or (m == 1 and probe is None):  # no head draft: the rule's own step, as
+        if v == 0 or (m == 1 and probe is None):  # no later draft: the rule's own step, as
             return Advance(drafts.states[:, 0])  # the rule runs it (the driver denoises next)
         timer.start()
         check = context.verify(drafts.states[:, :v].reshape(B, v * L))
-        if probe:
-            seconds = timer.stop()
-            if m == 1:
-                probe.add_forward(seconds)
-            else:
-                probe.add_round(m - 1, draft_seconds, v, seconds)
-            self.planner.learn(B)
         frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
         accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
                           context.schedule.mask_token_id, rows.positions, threshold,
                           self.sampling)  # (B,)
-        head_accepted = (accepted - 1).clamp_min(0)  # (B,)
+        advance = take_accepted(drafts, check, accepted, rows.tokens, step.base)
+        if probe:  # a round's verify time includes its accept: what a verify copy adds
+            seconds = timer.stop()
+            if m == 1:
+                probe.add_forward(seconds)
+            else:
+                probe.add_round(drafts.sources.count(HEAD), draft_seconds, v, seconds)
+            self.planner.learn(B)
+        later = (accepted - 1).clamp_min(0)  # (B,) drafts after the first accepted
         if m > 1:
-            context.counters.add_rounds(head_accepted, drafts.valid[:, 1])  # rows that drafted
-            self.planner.record(head_accepted, drafts.valid[:, 1:].sum(dim=1))
-        return take_accepted(drafts, check, accepted, rows.tokens, step.base)
+            context.counters.add_rounds(later, drafts.valid[:, 1])  # rows that drafted
+            context.counters.add_drafts(drafts.sources, later, drafts.valid[:, 1:])
+            self.planner.record(drafts.sources, later, drafts.valid[:, 1:])
+        return advance

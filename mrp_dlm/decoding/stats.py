@@ -21,8 +21,12 @@ class DecodeStats:
     committed: int = 0  # positions revealed by the decoder, summed over rows
     row_forwards: int = 0  # backbone forwards times the rows still generating in each
     row_denoise_forwards: int = 0  # the same for denoise and verify forwards only
-    rounds: int = 0  # speculative rounds (steps with head drafts, verified), summed over rows
-    accepted: int = 0  # head drafts accepted in those rounds, summed over rows
+    rounds: int = 0  # speculative rounds (steps with later drafts, verified), summed over rows
+    accepted: int = 0  # later drafts (after the first) accepted in those rounds, summed over rows
+    head_drafts: int = 0  # speculative: head drafts made (that revealed a position), summed over rows
+    head_drafts_accepted: int = 0  # of which accepted
+    self_drafts: int = 0  # speculative: self-drafts made (the rule on the seed logits), summed over rows
+    self_drafts_accepted: int = 0  # of which accepted
     accept_histogram: list[int] = field(default_factory=list)  # rounds by drafts accepted
     seconds: float = 0.0  # wall time of the call
 

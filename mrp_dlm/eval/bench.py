@@ -12,6 +12,9 @@ then decodes the problems of each task with every config, static first. A row re
   differ, its speed over the rule's (tokens/s ratio, same run) and the cost of one of its
   forwards (head steps included) in the rule's forwards (seconds per backbone forward over
   the rule's), so that speed over the rule = (tokens per forward ratio) / (forward cost);
+- for a speculative row, its speed over self-draft speculation at the same τ (the grid's
+  `speculative-self` row there, the same K where there are several: `speedup_vs_self`) and
+  its draft source mix (the share of its drafts after the first that were self-drafts);
 - identical-to-static: the fraction of problems whose generated ids equal static's, and
   whether the mode is lossless by construction (its rate against its rule must be 1);
 - the head-free frontier's accuracy at the row's tokens per forward and tokens/s, and the
@@ -34,11 +37,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mrp_dlm.config import MRP_MODES, DecodeConfig
+from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import pareto, plots, provenance, store
 from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE
-from mrp_dlm.eval.grid import LOSSLESS_MODES, family_of, grid_label, rule_of, setting_of
+from mrp_dlm.eval.grid import (LOSSLESS_MODES, family_of, grid_label, rule_of, self_of,
+                               setting_of)
 from mrp_dlm.eval.runner import (EvalResult, check_batch_size, check_config, collect, evaluate,
                                  evaluate_batches)
 from mrp_dlm.eval.tasks.common import Example, Task
@@ -55,6 +59,7 @@ MARKDOWN_COLUMNS = (("task", "task"), ("label", "mode"), ("accuracy", "acc"),
                     ("tokens_per_denoise_forward", "tok/denoise"), ("tokens_per_second", "tok/s"),
                     ("speedup", "speedup"), ("reproduces", "must equal"),
                     ("identical_to_rule", "same as rule"), ("speedup_vs_rule", "speedup vs rule"),
+                    ("speedup_vs_self", "vs self-drafts"), ("self_draft_share", "self-draft share"),
                     ("mean_accepted", "accepted/round"),
                     ("forward_cost_vs_rule", "fwd cost vs rule"),
                     ("identical_to_static", "same as static"), ("lossless", "lossless"))
@@ -68,11 +73,12 @@ class GridResults:
 
 def split_by_head(configs: tuple[DecodeConfig, ...],
                   has_head: bool) -> tuple[tuple[DecodeConfig, ...], list[str]]:
-    """The configs a pipeline can run, and the labels of those dropped for want of a head."""
+    """The configs a pipeline can run, and the labels of those dropped for want of a head
+    (head-drafting speculation too: without a head it would repeat its self-draft row)."""
     if has_head:
         return configs, []
-    dropped = [grid_label(config) for config in configs if config.mode in MRP_MODES]
-    return tuple(config for config in configs if config.mode not in MRP_MODES), dropped
+    dropped = [grid_label(config) for config in configs if config.uses_head]
+    return tuple(config for config in configs if not config.uses_head), dropped
 
 
 @dataclass
@@ -104,7 +110,9 @@ def run_bench(pipe: Pipeline, suites: list[tuple[Task, list[Example]]],
     if configs[0].mode != "static":
         raise ValueError("a benchmark grid starts with static, its reference")
     check_batch_size(batch_size)
-    for config in configs:
+    # Self-draft rows last: a bad K in a user's entry is named as given, not as the
+    # self-draft row the grid added for it.
+    for config in sorted(configs, key=lambda c: c.mode == "speculative" and not c.uses_head):
         try:
             check_config(pipe, config)
         except ValueError as error:
@@ -174,10 +182,20 @@ def rule_columns(results: list[EvalResult], rule: list[EvalResult] | None) -> di
                                           seconds_per_forward(rule_stats))}
 
 
+def draft_columns(stats: DecodeStats, drafts_self: list[EvalResult] | None) -> dict:
+    """A speculative row's speed over self-draft speculation at its τ and its source mix."""
+    later = stats.head_drafts + stats.self_drafts
+    versus = None if drafts_self is None else ratio(
+        stats.tokens_per_second, pooled_stats(drafts_self).tokens_per_second)
+    return {"speedup_vs_self": versus,
+            "self_draft_share": round(stats.self_drafts / later, 3) if later else None}
+
+
 def bench_row(scope: str, results: list[EvalResult], static: list[EvalResult],
-              rule: list[EvalResult] | None = None) -> dict:
+              rule: list[EvalResult] | None = None,
+              drafts_self: list[EvalResult] | None = None) -> dict:
     """One config's row over the pooled problems of `results`, against static's (and, for
-    a lossless mode, its rule's)."""
+    a lossless mode, its rule's; for head-drafting speculation, self-draft speculation's)."""
     config = results[0].config
     n = sum(len(result.samples) for result in results)
     stats, static_rate = pooled_stats(results), pooled_stats(static).tokens_per_second
@@ -189,6 +207,7 @@ def bench_row(scope: str, results: list[EvalResult], static: list[EvalResult],
             "mean_accepted": round(stats.mean_accepted, 3) if stats.rounds else None,
             "speedup": ratio(stats.tokens_per_second, static_rate),
             **rule_columns(results, rule),
+            **draft_columns(stats, drafts_self),
             "identical_to_static": round(identical(results, static) / max(n, 1), 4),
             "lossless": config.mode in LOSSLESS_MODES}
 
@@ -202,13 +221,20 @@ def bench_rows(scope: str, grids: list[GridResults]) -> list[dict]:
     def column(index: int) -> list[EvalResult]:
         return [grid.results[index] for grid in grids]
 
-    rows = []
-    for index, config in enumerate(configs):
-        rule = rule_of(config)
-        rule_index = labels.index(grid_label(rule)) if rule is not None and \
-            grid_label(rule) in labels else None
-        rows.append(bench_row(scope, column(index), column(0),
-                              None if rule_index is None else column(rule_index)))
+    def counterpart(config: DecodeConfig | None) -> list[EvalResult] | None:
+        if config is None:
+            return None
+        if grid_label(config) in labels:
+            return column(labels.index(grid_label(config)))
+        if config.mode != "speculative":
+            return None
+        same_tau = [i for i, c in enumerate(configs) if c.mode == "speculative"
+                    and c.drafter == config.drafter and c.threshold == config.threshold]
+        return column(same_tau[0]) if same_tau else None
+
+    rows = [bench_row(scope, column(index), column(0), counterpart(rule_of(config)),
+                      counterpart(self_of(config)))
+            for index, config in enumerate(configs)]
     return pareto.with_frontier(rows)
 
 

@@ -21,6 +21,7 @@ DEMO_MAX_NEW_TOKENS = 128  # longest reference answers are ~90 tokens
 DEMO_CONFIGS = tuple(DecodeConfig(max_new_tokens=DEMO_MAX_NEW_TOKENS, **fields) for fields in (
     dict(mode="static"),
     dict(mode="dynamic", threshold=0.9),  # the best head-free decoding here
+    dict(mode="speculative", lookahead=3, threshold=0.9, drafter="self"),  # no head read
     dict(mode="speculative", lookahead=3, threshold=0.9),  # lossless: == dynamic 0.9
     dict(mode="dynamic", threshold=0.5),  # committing too eagerly loses accuracy
     dict(mode="remask", threshold=0.4),  # the head repairs it: accurate at ~dynamic 0.5 tok/fwd

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mrp_dlm.config import MRP_MODES, DecodeConfig
+from mrp_dlm.config import DecodeConfig
 from mrp_dlm.model.loading import write_atomic
 
 RUN_FILE = "run.json"
@@ -41,7 +41,7 @@ class RunIdentity:
     config: DecodeConfig  # how every sample is decoded
 
     def __post_init__(self) -> None:
-        if self.config.mode not in MRP_MODES:  # a loaded but unused head decides nothing
+        if not self.config.uses_head:  # a loaded but unused head decides nothing
             object.__setattr__(self, "head", None)
 
     def to_dict(self) -> dict:

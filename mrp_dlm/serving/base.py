@@ -41,6 +41,7 @@ class MrpAlgorithm(DllmAlgorithm):
     from its DllmConfig), so they keep SGLang's names; ours is `mask_token_id`."""
 
     supported_architectures = ("SDARForCausalLM",)
+    needs_head = True  # MrpSpeculative self-drafts without one
 
     def __init__(self, config: DllmConfig) -> None:
         super().__init__(config)
@@ -48,7 +49,9 @@ class MrpAlgorithm(DllmAlgorithm):
         if not self.fdfo:
             raise ServingConfigError(no_fdfo_message(type(self).__name__))
         self.serving = MrpServingConfig.from_mapping(dict(config.algorithm_config))
-        self.serving.head_directory()
+        if self.serving.head_directory() is None and self.needs_head:
+            raise ServingConfigError(f"{type(self).__name__} needs `head: <directory>` in "
+                                     "the dLLM algorithm config (the MRP head)")
         self.lookahead = self.serving.lookahead
         self.pool: Optional[HeadPool] = None  # the head's keys by KV slot, from the first call
 
@@ -64,17 +67,18 @@ class MrpAlgorithm(DllmAlgorithm):
             raise ServingConfigError(no_fdfo_message(cls.__name__))
         if cfg.dllm_algorithm_config is None:
             raise ServingConfigError(f"{cls.__name__} needs --dllm-algorithm-config mrp.yaml "
-                                     "(with at least `head: <directory>`)")
+                                     "(`head: <directory>`; MrpSpeculative may leave it out)")
 
     @classmethod
     def validate_request(cls, req: Any) -> Optional[str]:
         return sampling_refusal(cls.__name__, req.sampling_params)
 
     def model_parts(self, model_runner: Any):
-        """(head, host) of the served model; a clear error if it carries no head."""
+        """(head, host) of the served model (head None when the YAML names none); a clear
+        error if it is not ours."""
         model = model_runner.model
         head, host = getattr(model, "mrp_head", None), getattr(model, "mrp_host", None)
-        if head is None or host is None:
+        if host is None or (head is None and self.serving.head is not None):
             raise RuntimeError(f"{type(self).__name__} needs the mrp-dlm SDARForCausalLM "
                                "with its head loaded; is the mrp-dlm plugin installed and "
                                "SGLANG_PLUGINS (if set) naming it?")
@@ -93,7 +97,7 @@ class MrpAlgorithm(DllmAlgorithm):
         """The head's keys of the blocks this call reports done, in one head forward: the
         requests' clean blocks tokens (R, L) and the hidden states (R, L, H) of the forward
         that wrote their clean KV, to the blocks' KV slots."""
-        if not requests:
+        if not requests or self.serving.head is None:  # no head: no head keys to keep
             return
         context = self.head_context(model_runner, forward_batch, requests)
         context.store(tokens, hidden, block_slots(model_runner, forward_batch, requests,

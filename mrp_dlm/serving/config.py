@@ -6,7 +6,9 @@
                             # LowConfidence threshold it reproduces (1.0: static decoding)
     adaptive: true          # MrpSpeculative only, optional, default DecodeConfig's: run only
                             # the head drafts that measured acceptance and cost say pay off
-    head: /path/to/head     # MRP head directory (config.json + model.safetensors)
+    head: /path/to/head     # MRP head directory (config.json + model.safetensors); required
+                            # by MrpDirect; without it MrpSpeculative self-drafts (the
+                            # rule's steps on the seed logits, no head)
     block_size: 16          # optional; else the model's config.json, else the SDAR default 4
     mask_token_id: 151669   # optional; else the model's config.json, else the SDAR default
 
@@ -43,7 +45,7 @@ class ServingConfigError(ValueError):
 class MrpServingConfig:
     """What the MRP algorithms need beyond SGLang's own server arguments."""
 
-    head: str  # MRP head directory, trained on this model at this block size
+    head: str | None = None  # MRP head directory, trained on this model at this block size (None: MrpSpeculative self-drafts; MrpDirect refuses)
     lookahead: int = DecodeConfig.lookahead  # K: head steps per round (the library's default)
     threshold: float | None = None  # MrpSpeculative's rule; None: the library's default
     adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: draft only what pays (as the library)
@@ -54,7 +56,7 @@ class MrpServingConfig:
     capture_input_preparation: bool = True  # SGLang's own key; accepted and passed through
 
     def __post_init__(self) -> None:
-        if not isinstance(self.head, str) or not self.head:
+        if self.head is not None and (not isinstance(self.head, str) or not self.head):
             raise ServingConfigError("head must name the MRP head directory")
         if not isinstance(self.lookahead, int) or isinstance(self.lookahead, bool) \
                 or self.lookahead < 1:
@@ -92,8 +94,6 @@ class MrpServingConfig:
         if unknown:
             raise ServingConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; "
                                      f"the MRP algorithms read {', '.join(sorted(known))}")
-        if "head" not in raw:
-            raise ServingConfigError(f"{source} lacks `head` (the MRP head directory)")
         return cls(**raw)
 
     @property
@@ -109,7 +109,10 @@ class MrpServingConfig:
                             remask_delta=(DecodeConfig.remask_delta if self.remask_delta is None
                                           else float(self.remask_delta)))
 
-    def head_directory(self) -> Path:
+    def head_directory(self) -> Path | None:
+        """The head's directory, checked; None when the YAML names none."""
+        if self.head is None:
+            return None
         path = Path(self.head).expanduser()
         if not (path / "config.json").is_file():
             raise ServingConfigError(f"MRP head directory not found (or without config.json): "
@@ -148,7 +151,7 @@ def read_yaml(path: str | None) -> dict:
 def load_serving_config(path: str | None) -> MrpServingConfig:
     if path is None:
         raise ServingConfigError("the MRP algorithms need --dllm-algorithm-config mrp.yaml "
-                                 "(with at least `head: <directory>`)")
+                                 "(`head: <directory>`; MrpSpeculative may leave it out)")
     return MrpServingConfig.from_mapping(read_yaml(path), path)
 
 

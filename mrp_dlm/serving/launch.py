@@ -153,7 +153,8 @@ def read_checkpoint(directory: Path) -> Checkpoint:
 
 def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
     """The MRP head directory of the MRP algorithms: --head, else the embedded head when the
-    embedded model is served, else a release's own directory (it holds its head)."""
+    embedded model is served, else a release's own directory (it holds its head), else
+    None for MrpSpeculative (it self-drafts: the rule's steps on the seed logits)."""
     if config.algorithm not in MRP_ALGORITHMS:
         return None
     if config.head is not None:
@@ -162,6 +163,8 @@ def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
         head = embedded_head_dir().resolve()
     elif is_release_dir(model_dir):
         head = model_dir
+    elif config.algorithm == "MrpSpeculative":
+        return None
     else:
         raise ServeError(f"{config.algorithm} needs the MRP head trained on {model_dir}: give "
                          "--head DIR (or --algorithm LowConfidence, which needs none)")
@@ -189,7 +192,8 @@ def algorithm_yaml(config: ServeConfig, head: Path | None) -> str:
     """The dLLM algorithm config SGLang reads (`--dllm-algorithm-config`)."""
     if config.algorithm == "LowConfidence":
         return f"threshold: {config.rule_threshold}\n"
-    text = f"head: {json.dumps(str(head))}\nlookahead: {config.lookahead}\n"
+    text = (f"head: {json.dumps(str(head))}\n" if head is not None else "") \
+        + f"lookahead: {config.lookahead}\n"
     if config.algorithm == "MrpSpeculative":
         text += (f"threshold: {config.rule_threshold}\n"
                  f"adaptive: {'true' if config.adaptive else 'false'}\n")
@@ -285,7 +289,8 @@ def describe(config: ServeConfig, plan: LaunchPlan) -> str:
                    f"{config.remask_delta}; lossy")
     else:
         setting = f"threshold {config.rule_threshold}"
-    head = f", head {plan.head}" if plan.head else ""
+    head = f", head {plan.head}" if plan.head else (
+        ", no head: self-drafts" if config.algorithm == "MrpSpeculative" else "")
     return (f"{config.algorithm} ({setting}) on {plan.checkpoint.directory}{head}, "
             f"{plan.device} {plan.checkpoint.dtype}")
 

@@ -139,8 +139,10 @@ def head_cell_size_hook(result, configurator, kvc, *args, **kwargs):
     dllm = get_exec().dllm
     if result is None or dllm.dllm_algorithm not in ALGORITHMS or kvc.is_draft_worker:
         return result
-    head_config, _ = read_head_meta(load_serving_config(dllm.dllm_algorithm_config)
-                                    .head_directory())
+    directory = load_serving_config(dllm.dllm_algorithm_config).head_directory()
+    if directory is None:  # MrpSpeculative without a head: no head pool
+        return result
+    head_config, _ = read_head_meta(directory)
     model = kvc.model_config
     extra = head_bytes_per_token(head_config.num_layers, model.get_num_kv_heads(1),
                                  model.head_dim, model.dtype)

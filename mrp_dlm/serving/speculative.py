@@ -17,10 +17,12 @@ request has a mask left), S_1 (the backbone's own threshold step) is accepted at
 the own row carries S_m next round. So a request without
 scratch rows still advances one exact threshold step per forward.
 
-With `adaptive` (the YAML's, default on) the chain drafts only the head drafts that pay
-(`decoding/drafting.py`: the acceptance measured so far against the cost of a head step
-and a row per request, learnt per batch-size bucket from this server's own timed
-forwards); with none, a request's next forward is its one row, as `LowConfidence`'s.
+With `adaptive` (the YAML's, default on) the chain drafts only what pays, each later draft
+a head draft or a self-draft (the rule's step on the seed logits, no head step), as
+`decoding/drafting.py` plans it from the acceptance of each source measured so far against
+the cost of a head step and a row per request, learnt per batch-size bucket from this
+server's own timed forwards; with none, a request's next forward is its one row, as
+`LowConfidence`'s.
 
 Each drafting round's verified and accepted drafts go to the serving stats (`stats.py`).
 Scratch rows and slots are freed inside the same call. Acceptance is per request: no
@@ -42,7 +44,7 @@ from typing import Any, Optional
 
 import torch
 
-from mrp_dlm.decoding.drafting import CostProbe, DraftPlanner, Timer
+from mrp_dlm.decoding.drafting import HEAD, SELF, CostProbe, DraftPlanner, Timer
 from mrp_dlm.decoding.sampling import SamplingConfig, select_rows
 from mrp_dlm.decoding.speculative import Drafts, accept, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
@@ -71,11 +73,14 @@ class Round:
 
 
 class MrpSpeculative(MrpAlgorithm):
+    needs_head = False  # without one it self-drafts
+
     def __init__(self, config) -> None:
         super().__init__(config)
         self.threshold = self.serving.speculative_threshold
-        self.planner = DraftPlanner(self.lookahead, self.serving.adaptive)  # by size bucket
-        self.last_draft = (0, 0.0)  # head steps and seconds of the last (probe) drafting
+        self.planner = DraftPlanner(self.lookahead, self.serving.adaptive,  # by size bucket
+                                    head=self.serving.head is not None)
+        self.last_draft = (0, 0, 0.0)  # drafts after the first, head steps, seconds: the last
 
     def run(self, model_runner, forward_batch, algo_states=None):
         B, L = forward_batch.batch_size, self.block_size
@@ -98,7 +103,7 @@ class MrpSpeculative(MrpAlgorithm):
         sampling = batch_sampling(forward_batch, positions.device)
         seeds = self.settle(states, rounds, logits, hidden, positions, sampling)
         done = self.finish_or_draft(model_runner, forward_batch, states, rounds, seeds,
-                                    sampling, 1 + self.planner.drafts(bucket), timer)
+                                    sampling, self.planner.plan(bucket), timer)
         self.store_done(model_runner, forward_batch, states, rounds, hidden, done)
         next_ids = [state.accepted if d or state.drafts is None else state.drafts.states[0, -1]
                     for state, d in zip(states, done)]
@@ -154,9 +159,11 @@ class MrpSpeculative(MrpAlgorithm):
                                self.mask_id, positions[index:index + 1], self.threshold,
                                select_rows(sampling, [index]))[0])
                 if m > 1:
-                    drafted = state.drafts.valid[0, 1:].sum()
-                    self.planner.record(torch.tensor([n - 1]), drafted[None])
-                    stats_of(self).record_round(int(drafted), n - 1)
+                    later = state.drafts.valid[:, 1:]  # (1, m - 1)
+                    self.planner.record(state.drafts.sources, torch.tensor([n - 1]), later)
+                    self_drafted = sum(bool(ok) and source == SELF for ok, source
+                                       in zip(later[0].tolist(), state.drafts.sources))
+                    stats_of(self).record_round(int(later.sum()), n - 1, self_drafted)
                 state.accepted = state.drafts.states[0, n - 1]
                 seeds.append((logits[row + n - 1], hidden[row + n - 1]))
             else:
@@ -165,8 +172,8 @@ class MrpSpeculative(MrpAlgorithm):
         return seeds
 
     def finish_or_draft(self, model_runner, forward_batch, states: list[BlockState],
-                        rounds: list[Round], seeds, sampling: SamplingConfig, copies: int,
-                        timer: Timer) -> list[bool]:
+                        rounds: list[Round], seeds, sampling: SamplingConfig,
+                        plan: tuple[str, ...], timer: Timer) -> list[bool]:
         """Done blocks, stores, and new drafts (one batched head chain) for the rest.
 
         Draft 1 is the backbone's own step on the seed, so it is accepted at once: even
@@ -183,11 +190,15 @@ class MrpSpeculative(MrpAlgorithm):
                 done.append(False)  # store: the next round forwards the clean block alone
         if to_draft:
             timer.start()
-            context = self.head_context(model_runner, forward_batch, to_draft)
-            m = self.draft_for(context, [states[i] for i in to_draft],
-                               [seeds[i] for i in to_draft], select_rows(sampling, to_draft),
-                               copies)
-            self.last_draft = (m - 1, timer.stop())
+            context = self.head_context(model_runner, forward_batch, to_draft) \
+                if HEAD in plan else None
+            index = torch.tensor(to_draft, device=forward_batch.positions.device)
+            positions = forward_batch.positions.view(-1, self.block_size)[index].long()
+            sources = self.draft_for(context, self.model_parts(model_runner)[1], positions,
+                                     [states[i] for i in to_draft],
+                                     [seeds[i] for i in to_draft],
+                                     select_rows(sampling, to_draft), plan)
+            self.last_draft = (len(sources), sources.count(HEAD), timer.stop())
         return done
 
     def open_positions(self, state: BlockState) -> torch.Tensor:
@@ -205,23 +216,26 @@ class MrpSpeculative(MrpAlgorithm):
                           torch.stack([states[i].accepted for i in finished]),
                           hidden[own[finished].to(hidden.device)])
 
-    def draft_for(self, context: HeadContext, states: list[BlockState], seeds,
-                  sampling: SamplingConfig, copies: int) -> int:
-        """Draft `copies` candidates (fewer once no request has a mask left) for every
-        request in one batched head chain over `context` (the head on these requests'
-        blocks); returns how many were drafted."""
+    def draft_for(self, context: HeadContext | None, host, positions: torch.Tensor,
+                  states: list[BlockState], seeds, sampling: SamplingConfig,
+                  plan: tuple[str, ...]) -> tuple[str, ...]:
+        """Draft 1 and one candidate per entry of `plan` (fewer once no request has a mask
+        left) for every request in one batched chain over `context` (the head on these
+        requests' blocks, for the head drafts; None when the plan has none) with the model's
+        `host` (its config, embedding and logits); positions (R, L) of the requests'
+        blocks. Returns the later drafts' sources."""
         block = torch.stack([s.accepted for s in states])  # (R, L)
         eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
         seed = BackboneStep(hidden=torch.stack([hidden for _, hidden in seeds]),
                             logits=torch.stack([logits for logits, _ in seeds]))
-        rows = BlockRows(block, eligible, context.positions)
-        drafts = draft(context, context.host, seed, rows, copies, self.threshold, sampling)
+        rows = BlockRows(block, eligible, positions.to(block.device))
+        drafts = draft(context, host, seed, rows, plan, self.threshold, sampling)
         for row, state in enumerate(states):
             state.accepted = drafts.states[row, 0]  # the backbone's own step: exact
             if bool(self.open_positions(state).any()):
                 state.drafts = Drafts(drafts.states[row:row + 1], drafts.valid[row:row + 1],
-                                      drafts.finished)
-        return drafts.states.shape[1]
+                                      drafts.finished, drafts.sources)
+        return drafts.sources
 
     def sample(self, probe: CostProbe, bucket: int, rounds: list[Round], seconds: float
                ) -> None:
@@ -234,5 +248,5 @@ class MrpSpeculative(MrpAlgorithm):
         if m == 1:
             probe.add_forward(seconds)
         elif all(r.verifying for r in rounds) and self.last_draft[0] == m - 1:
-            probe.add_round(m - 1, self.last_draft[1], m, seconds)
+            probe.add_round(self.last_draft[1], self.last_draft[2], m, seconds)
         self.planner.learn(bucket)

@@ -10,8 +10,9 @@ only mode counted) each call is one forward of every request in the batch:
   chunk) is counted apart, as a prefill forward, and never in tokens per forward;
 - tokens: what a finished request returns (after its stop token), as `mrp generate`'s
   stats count them; the ratios are over finished requests;
-- MrpSpeculative adds its drafting rounds: the rounds that verified at least one head
-  draft, the drafts verified and the drafts accepted (`record_round`).
+- MrpSpeculative adds its drafting rounds: the rounds that verified at least one draft
+  after the first, the drafts verified, of which self-drafts (the rest are head drafts),
+  and the drafts accepted (`record_round`).
 SGLang's own requests are not counted: its start-up warm-up (one `/generate` of
 WARMUP_TEXT, 8 tokens) and every `/health_generate` check (rid HEALTH_CHECK_...), so two
 chats read as two requests.
@@ -44,9 +45,10 @@ METRICS = {  # ServingStats counter -> (Prometheus name without _total, help)
     "forwards": ("mrp_dlm_forwards", "forwards of finished requests' generation blocks"),
     "prefill_forwards": ("mrp_dlm_prefill_forwards", "forwards of prompt-only blocks"),
     "tokens": ("mrp_dlm_generated_tokens", "tokens returned by finished requests"),
-    "draft_rounds": ("mrp_dlm_draft_rounds", "MrpSpeculative rounds verifying head drafts"),
-    "drafts": ("mrp_dlm_drafts", "MrpSpeculative head drafts verified"),
-    "accepted": ("mrp_dlm_accepted_drafts", "MrpSpeculative head drafts accepted"),
+    "draft_rounds": ("mrp_dlm_draft_rounds", "MrpSpeculative rounds verifying drafts"),
+    "drafts": ("mrp_dlm_drafts", "MrpSpeculative drafts verified (head and self)"),
+    "self_drafts": ("mrp_dlm_self_drafts", "MrpSpeculative self-drafts verified"),
+    "accepted": ("mrp_dlm_accepted_drafts", "MrpSpeculative drafts accepted"),
 }
 
 
@@ -76,9 +78,10 @@ class ServingStats:
     forwards: int = 0  # forwards of the finished requests' generation blocks
     prefill_forwards: int = 0  # forwards of prompt-only blocks (all requests)
     tokens: int = 0  # tokens the finished requests returned
-    draft_rounds: int = 0  # MrpSpeculative: rounds that verified at least one head draft
-    drafts: int = 0  # head drafts verified in those rounds
-    accepted: int = 0  # head drafts accepted in those rounds
+    draft_rounds: int = 0  # MrpSpeculative: rounds that verified at least one later draft
+    drafts: int = 0  # drafts after the first verified in those rounds (head and self)
+    self_drafts: int = 0  # of which self-drafts (the rule on the seed logits)
+    accepted: int = 0  # drafts accepted in those rounds
     open_forwards: dict[str, int] = field(default_factory=dict)  # rid -> forwards so far
 
     def record(self, rows: list[RequestForward]) -> list[FinishedRequest]:
@@ -97,11 +100,13 @@ class ServingStats:
             finished.append(FinishedRequest(row.rid, row.returned, forwards))
         return finished
 
-    def record_round(self, drafted: int, accepted: int) -> None:
-        """One MrpSpeculative verify round of one request: head drafts verified, accepted."""
+    def record_round(self, drafted: int, accepted: int, self_drafted: int = 0) -> None:
+        """One MrpSpeculative verify round of one request: drafts verified, accepted, and
+        how many of the verified were self-drafts."""
         if drafted:
             self.draft_rounds += 1
             self.drafts += drafted
+            self.self_drafts += self_drafted
             self.accepted += accepted
 
     @property
@@ -121,8 +126,9 @@ class ServingStats:
                 f"only; {self.prefill_forwards} prompt-only forwards apart)")
         if self.draft_rounds:
             text += (f", {self.accepted / self.draft_rounds:.2f} of "
-                     f"{self.drafts / self.draft_rounds:.2f} head drafts accepted per round "
-                     f"({self.draft_rounds} rounds)")
+                     f"{self.drafts / self.draft_rounds:.2f} drafts accepted per round "
+                     f"({self.draft_rounds} rounds; drafts {self.drafts - self.self_drafts} "
+                     f"head, {self.self_drafts} self)")
         return text
 
 

@@ -1,13 +1,14 @@
-"""Adaptive drafting (`decoding/drafting.py`): how many head drafts a speculative round runs.
+"""Adaptive drafting (`decoding/drafting.py`): which drafts a speculative round runs.
 
-- the acceptance counts and the plan: drafts only while P(all accepted) beats the cost of a
-  draft, the lookahead is the most, an exploring draft every EXPLORE_EVERY-th round that
-  would run none while drafting could still pay;
+- the verdicts per source and the plan: the sequence of head drafts and self-drafts of
+  highest worth (higher rate first), the lookahead is the most, an exploring plan every
+  EXPLORE_EVERY-th round while a left-out source could still enter the plan;
 - the cost probe: costs learnt from the decode's own first rounds (a timed forward, timed
-  head steps and verify forwards), fastest sample kept;
-- end to end on a tiny model: whatever the plan (every draft, none, the measured one) the
-  output equals the rule's token for token, a decoder that never drafts costs exactly the
-  rule's forwards, and a pipeline keeps one decoder (and what it measured) per config.
+  head steps and verify forwards), fastest sample kept; without a head, no head step;
+- end to end on a tiny model: whatever the plan (every draft, none, the measured one, a
+  head too dear to run, no head) the output equals the rule's token for token, a decoder
+  that never drafts costs exactly the rule's forwards, and a pipeline keeps one decoder
+  (and what it measured) per config.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import torch
 
 from conftest import random_backbone, random_head, tiny_config
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.drafting import (EXPLORE_EVERY, TIMING_REPEATS, Acceptance, CostProbe,
-                                       RoundCosts)
+from mrp_dlm.decoding.drafting import (EXPLORE_EVERY, HEAD, SELF, TIMING_REPEATS, Acceptance,
+                                       CostProbe, DraftPlanner, RoundCosts, best_plan,
+                                       verdicts)
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.pipeline import Pipeline
@@ -27,53 +29,103 @@ from reference import reference_decode, robust_case
 LENGTHS = (3, 8, 5, 12, 1, 9)
 
 
-def test_acceptance_counts_each_rows_drafts_up_to_its_first_rejection():
-    acceptance = Acceptance()
-    assert acceptance.rate == 0.5  # one prior success, one prior failure
+def test_verdicts_count_each_rows_drafts_up_to_its_first_rejection():
+    assert Acceptance().rate(0) == 0.5  # one prior success, one prior failure
     # rows: 2 of 3 accepted (3 read), all 3 of 3 (3 read), 0 of 2 (1 read), no drafts.
-    acceptance.record(torch.tensor([2, 3, 0, 0]), torch.tensor([3, 3, 2, 0]))
-    assert (acceptance.tried, acceptance.accepted) == (7, 5)
-    assert acceptance.rate == pytest.approx(6 / 9)
-
-
-@pytest.mark.parametrize("accepted,tried,per_draft,most,want", [
-    (0, 0, 0.3, 3, 1),  # 0.5 > 0.3, 0.25 < 0.3
-    (0, 0, 0.6, 3, 0),  # 0.5 < 0.6: no draft pays
-    (98, 98, 0.1, 3, 3),  # nearly always accepted: the lookahead is the most
-    (90, 100, 0.5, 8, 6),  # 0.892^6 = 0.50 > 0.5 > 0.892^7
-])
-def test_plan_runs_the_drafts_that_pay(accepted, tried, per_draft, most, want):
-    acceptance = Acceptance(tried=tried, accepted=accepted)
-    assert acceptance.plan(RoundCosts(head_step=per_draft / 2, copy=per_draft / 2), most) == want
-
-
-def test_plan_explores_while_drafting_could_pay():
+    accepted = torch.tensor([2, 3, 0, 0])
+    valid = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [0, 0, 0]], dtype=torch.bool)
+    assert verdicts(accepted, valid) == [(3, 2), (2, 2), (2, 1)]  # per depth: read, stood
     acceptance = Acceptance()
-    costly = RoundCosts(head_step=0.3, copy=0.3)  # 0.6 > 0.5, the rate before any data
-    plans = [acceptance.plan(costly, 3) for _ in range(3 * EXPLORE_EVERY)]
-    assert plans.count(1) == 3 and set(plans) == {0, 1}
-    assert all(plans[i] == 1 for i in range(EXPLORE_EVERY - 1, len(plans), EXPLORE_EVERY))
-    # Once even the rate plus two standard errors does not pay, exploring stops...
-    rejected = Acceptance(tried=100, accepted=10)
-    assert rejected.optimistic_rate < costly.per_draft
-    assert not any(rejected.plan(costly, 3) for _ in range(3 * EXPLORE_EVERY))
-    # ... and a draft that costs more than a forward is never explored.
-    expensive = RoundCosts(head_step=0.5, copy=0.7)
-    assert not any(Acceptance().plan(expensive, 3) for _ in range(3 * EXPLORE_EVERY))
+    for depth, (tried, good) in enumerate(verdicts(accepted, valid)):
+        acceptance.add(depth, tried, good)
+    assert acceptance.pooled == pytest.approx(6 / 9)
+    # each depth's own rate, with two prior verdicts at the pooled rate
+    assert acceptance.rate(1) == pytest.approx((2 + 2 * 6 / 9) / 4)
+    assert acceptance.rate(5) == pytest.approx(6 / 9)  # no verdicts there: the pooled rate
+
+
+@pytest.mark.parametrize("rate,per_draft,most,want", [
+    (0.5, 0.3, 3, 1),  # 0.5 > 0.3, 0.25 < 0.3
+    (0.5, 0.6, 3, 0),  # 0.5 < 0.6: no draft pays
+    (0.99, 0.1, 3, 3),  # nearly always accepted: the lookahead is the most
+    (0.892, 0.5, 8, 6),  # 0.892^6 = 0.50 > 0.5 > 0.892^7
+])
+def test_plan_runs_the_drafts_that_pay(rate, per_draft, most, want):
+    costs = RoundCosts(head_step=per_draft / 2, copy=per_draft / 2)
+    assert best_plan({HEAD: [rate] * most}, costs, most) == (HEAD,) * want
+    assert best_plan({SELF: [rate] * most}, RoundCosts(head_step=9.0, copy=per_draft),
+                     most) == (SELF,) * want
+
+
+@pytest.mark.parametrize("rates,costs,want", [
+    # a head draft must earn its head step: self-drafts win at a close rate...
+    ({HEAD: 0.8, SELF: 0.72}, RoundCosts(0.34, 0.25), (SELF,) * 3),
+    # ... the head wins where its rate is far higher (then self-drafts on A after it)...
+    ({HEAD: 0.9, SELF: 0.2}, RoundCosts(0.34, 0.25), (HEAD,) * 3),
+    ({HEAD: 0.9, SELF: 0.6}, RoundCosts(0.2, 0.1), (HEAD, HEAD, HEAD)),
+    ({HEAD: 0.95, SELF: 0.7}, RoundCosts(0.5, 0.1), (HEAD, SELF, SELF)),
+    # ... and the higher rate always comes first.
+    ({HEAD: 0.5, SELF: 0.9}, RoundCosts(0.0, 0.1), (SELF, SELF, SELF)),
+    ({HEAD: 0.6, SELF: 0.5}, RoundCosts(0.0, 0.45), (HEAD,)),
+])
+def test_plan_mixes_the_sources(rates, costs, want):
+    assert best_plan({s: [r] * 3 for s, r in rates.items()}, costs, 3) == want
+
+
+def test_plan_reads_each_depths_rate():
+    # Measured on the embedded model at τ = 0.9: self-drafts 0.26 then 0.03, head drafts
+    # 0.64 then 0.34. Pooled (~0.25 and ~0.5) no draft would pay; per depth one head draft does.
+    costs = RoundCosts(head_step=0.23, copy=0.3)
+    rates = {HEAD: [0.64, 0.34, 0.3], SELF: [0.26, 0.03, 0.0]}
+    assert best_plan(rates, costs, 3) == (HEAD,)
+    assert best_plan({HEAD: [0.5] * 3, SELF: [0.25] * 3}, costs, 3) == ()
+    # A source that is strong at depth 0 only goes first, the other after it.
+    assert best_plan({HEAD: [0.9, 0.9, 0.9], SELF: [0.95, 0.1, 0.1]}, RoundCosts(0.3, 0.1),
+                     3) == (SELF, HEAD, HEAD)
+
+
+def test_plan_explores_while_a_source_could_pay():
+    planner = DraftPlanner(lookahead=3, adaptive=True)
+    planner.costs[1] = RoundCosts(head_step=0.1, copy=0.55)  # both > 0.5, the rate before data
+    plans = [planner.plan(1) for _ in range(3 * EXPLORE_EVERY)]
+    assert plans.count(()) == 3 * EXPLORE_EVERY - 3
+    assert all(plans[i] for i in range(EXPLORE_EVERY - 1, len(plans), EXPLORE_EVERY))
+    # Once even the rates plus two standard errors do not pay, exploring stops...
+    for acceptance in planner.acceptance.values():
+        for depth in range(3):
+            acceptance.add(depth, 100, 10)
+    assert not any(planner.plan(1) for _ in range(3 * EXPLORE_EVERY))
+    # ... a head step dearer than a forward is never explored ...
+    dear = DraftPlanner(lookahead=3, adaptive=True)
+    dear.costs[1] = RoundCosts(head_step=1.2, copy=0.0)
+    assert all(plan and HEAD not in plan for plan in (dear.plan(1) for _ in range(40)))
+    # ... and without a head every plan self-drafts.
+    headless = DraftPlanner(lookahead=3, adaptive=False, head=False)
+    assert headless.plan(1) == (SELF,) * 3
 
 
 def test_cost_probe_learns_from_alternating_rounds():
     probe = CostProbe(lookahead=3)
-    assert probe.next_drafts() == 0  # first: the rule's own step, timed as one forward
+    assert probe.next_plan() == ()  # first: the rule's own step, timed as one forward
     for _ in range(TIMING_REPEATS):
         assert probe.costs() is None
         probe.add_forward(0.010 + 0.004 * len(probe.forward))  # slower samples are noise
-        assert probe.next_drafts() == 3
+        assert probe.next_plan() == (HEAD,) * 3
         probe.add_round(head_steps=3, draft_seconds=0.015, copies=4, verify_seconds=0.025)
-        assert probe.next_drafts() == 0
+        assert probe.next_plan() == ()
     costs = probe.costs()
     assert costs.head_step == pytest.approx(0.5)  # 5 ms per head step over a 10 ms forward
     assert costs.copy == pytest.approx(0.5)  # (25 - 10) ms over 3 more copies
+    assert costs.of(HEAD) == pytest.approx(1.0) and costs.of(SELF) == pytest.approx(0.5)
+
+
+def test_cost_probe_without_a_head_times_self_drafted_rounds():
+    probe = CostProbe(lookahead=2, source=SELF)
+    for _ in range(TIMING_REPEATS):
+        probe.add_forward(0.01)
+        assert probe.next_plan() == (SELF, SELF)
+        probe.add_round(head_steps=0, draft_seconds=0.0, copies=3, verify_seconds=0.014)
+    assert probe.costs() == RoundCosts(head_step=0.0, copy=pytest.approx(0.2))
 
 
 def test_cost_probe_needs_a_verify_of_several_copies():
@@ -103,28 +155,30 @@ def model_and_prompts(threshold: float):
 
 
 @pytest.mark.parametrize("threshold", [1.0, 0.2])
-@pytest.mark.parametrize("costs", [RoundCosts(0.0, 0.0), RoundCosts(5.0, 5.0), None])
-def test_any_plan_equals_the_rule(threshold, costs):
+@pytest.mark.parametrize("head", [True, False])
+@pytest.mark.parametrize("costs", [RoundCosts(0.0, 0.0), RoundCosts(5.0, 5.0),
+                                   RoundCosts(5.0, 0.0), None])
+def test_any_plan_equals_the_rule(threshold, head, costs):
     model, rule, prompts = model_and_prompts(threshold)
     want = generate(model, prompts, rule, make_decoder(rule, None))
     config = DecodeConfig(mode="speculative", threshold=threshold, lookahead=3,
                           max_new_tokens=13, stop_token_ids=())
-    decoder = make_decoder(config, random_head(model, 1, norm=0.3))
+    decoder = make_decoder(config, random_head(model, 1, norm=0.3) if head else None)
     if costs is not None:  # else: measured on this machine by the first round
         decoder.planner.costs[len(prompts)] = costs
     got = generate(model, prompts, config, decoder)
     assert got.token_ids == want.token_ids
     stats = got.stats
     assert stats.denoise_forwards + stats.verify_forwards <= want.stats.denoise_forwards
-    if costs == RoundCosts(0.0, 0.0):  # every draft pays: as the fixed lookahead
+    if costs == RoundCosts(0.0, 0.0):  # every draft pays: no round is the rule's own step
         fixed = generate(model, prompts, config, make_decoder(
-            DecodeConfig(**{**config.__dict__, "adaptive": False}),
-            random_head(model, 1, norm=0.3)))
-        assert (stats.verify_forwards, stats.head_forwards) == (
-            fixed.stats.verify_forwards, fixed.stats.head_forwards)
+            DecodeConfig(**{**config.__dict__, "adaptive": False}), None))
+        assert stats.denoise_forwards == fixed.stats.denoise_forwards  # one seed per block
     if costs == RoundCosts(5.0, 5.0):  # no draft could ever pay: the rule itself
         assert stats.head_forwards == stats.verify_forwards == 0
         assert stats.denoise_forwards == want.stats.denoise_forwards
+    if costs == RoundCosts(5.0, 0.0):  # free self-drafts, a head step dearer than a forward
+        assert stats.head_forwards == stats.head_drafts == 0 < stats.self_drafts
 
 
 def test_pipeline_keeps_one_decoder_per_config(saved_model_and_head):
@@ -133,10 +187,10 @@ def test_pipeline_keeps_one_decoder_per_config(saved_model_and_head):
     config = DecodeConfig(mode="speculative", max_new_tokens=24)
     first = pipe.generate(["What is 2 + 3?"], config)
     decoder = pipe.decoder(config)
-    tried = decoder.planner.acceptance.tried
+    tried = sum(decoder.planner.acceptance[HEAD].tried)
     assert tried > 0  # the probe rounds drafted and their drafts were counted
     second = pipe.generate(["What is 2 + 3?"], config)
-    assert pipe.decoder(config) is decoder and decoder.planner.acceptance.tried >= tried
+    assert pipe.decoder(config) is decoder and sum(decoder.planner.acceptance[HEAD].tried) >= tried
     assert decoder.planner.costs or decoder.planner.probes  # what it measured is kept for the next call
     assert first.token_ids == second.token_ids
     assert pipe.decoder(DecodeConfig(mode="speculative", max_new_tokens=9)) is not decoder

@@ -3,11 +3,12 @@
 - speculative at threshold τ == greedy dynamic decoding at τ (τ = 1.0: static, one token
   per step), token for token, for ANY head: random backbones (several seeds, one with
   damped attention so that long runs of drafts are accepted), badly initialised heads and
-  fresh (zero) heads, block sizes 4 and 16, lookahead K = 1..4, τ = 1.0 and a τ at which
+  fresh (zero) heads, and no head at all (self-drafts: the rule's steps on the seed
+  logits), block sizes 4 and 16, lookahead K = 1..4, τ = 1.0 and a τ at which
   dynamic steps commit several tokens, a batch of 8 prompts of different lengths, stop
   ids inside a block, max_new_tokens not a multiple of the block size;
 - sampled: speculative with temperature 0.7 / 1.0, with and without top-k / top-p, ==
-  the seeded sampled dynamic decode at the same seed, token for token (any head);
+  the seeded sampled dynamic decode at the same seed, token for token (any head, or none);
 - per-row acceptance: every row of a batch gets exactly its solo output and rounds;
 - a fresh head (final norm zero, A + C == A): direct == static with L / (1 + K) steps,
   remask == dynamic at the same threshold;
@@ -64,6 +65,7 @@ HEADS = {
     "zero": lambda model, seed: zero_head(model),
     "bad": lambda model, seed: random_head(model, seed),
     "mild": lambda model, seed: random_head(model, seed, norm=0.1),
+    "none": lambda model, seed: None,  # no head: speculation self-drafts
 }
 
 
@@ -226,7 +228,7 @@ def test_sampled_speculative_equals_its_seeded_sampled_rule(block_size, threshol
                                   lookahead=lookahead, threshold=threshold,
                                   max_new_tokens=MAX_NEW[block_size], stop_token_ids=run.stops,
                                   adaptive=False, **dict(knobs))
-            for name in ("zero", "bad"):  # a head that predicts no change, a random one
+            for name in ("zero", "bad", "none"):  # no change, a random head, self-drafts
                 make_head = HEADS[name]
                 result = decode(model, run.prompts, config, make_head(model, seed + lookahead))
                 assert result.token_ids == rule.token_ids, (
@@ -238,10 +240,11 @@ def test_sampled_speculative_equals_its_seeded_sampled_rule(block_size, threshol
     assert histogram[1] > 0, histogram  # not vacuous: sampled head drafts were accepted
 
 
-@pytest.mark.parametrize("block_size,threshold,sampling", [
-    (4, 1.0, "t1.0-top_p"), (16, 0.2, "t0.7-top_k"), (16, 1.0, "t1.0"),
+@pytest.mark.parametrize("block_size,threshold,sampling,head_kind", [
+    (4, 1.0, "t1.0-top_p", "mild"), (16, 0.2, "t0.7-top_k", "mild"), (16, 1.0, "t1.0", "mild"),
+    (4, 1.0, "t1.0-top_p", "none"), (16, 0.2, "t0.7-top_k", "none"),
 ])
-def test_sampled_batch_rows_equal_solo_rows(block_size, threshold, sampling):
+def test_sampled_batch_rows_equal_solo_rows(block_size, threshold, sampling, head_kind):
     # A row's draws depend on the seed, its positions and its state only.
     knobs = tuple(SAMPLINGS[sampling].items())
     model = backbone(1, block_size, True)
@@ -249,7 +252,7 @@ def test_sampled_batch_rows_equal_solo_rows(block_size, threshold, sampling):
     config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=3,
                           threshold=threshold, max_new_tokens=MAX_NEW[block_size],
                           stop_token_ids=run.stops, adaptive=False, **dict(knobs))
-    head = HEADS["mild"](model, 1)
+    head = HEADS[head_kind](model, 1)
     batch = decode(model, run.prompts, config, head)
     assert batch.token_ids == run.result.token_ids
     for index, prompt in enumerate(run.prompts):
@@ -301,7 +304,8 @@ def test_threshold_rule_commits_several_tokens_per_step():
 
 @pytest.mark.parametrize("block_size,lookahead,head_kind,damped,threshold", [
     (4, 2, "bad", False, 1.0), (4, 3, "mild", False, 1.0), (16, 4, "zero", True, 1.0),
-    (4, 3, "mild", False, 0.2), (16, 4, "zero", True, 0.2),
+    (4, 3, "mild", False, 0.2), (16, 4, "zero", True, 0.2), (4, 3, "none", False, 1.0),
+    (16, 4, "none", True, 0.2),
 ])
 def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped, threshold):
     # Per-row acceptance: a row never waits for (or is held back by) another row, so each
@@ -447,7 +451,9 @@ def test_direct_matches_reference(block_size, steps, lookahead, sampling):
     (4, 1, "bad", False, 1.0, ""), (4, 3, "mild", False, 1.0, ""), (8, 2, "bad", False, 1.0, ""),
     (8, 4, "zero", True, 1.0, ""), (4, 3, "mild", False, 0.2, ""), (8, 4, "zero", True, 0.2, ""),
     (4, 3, "mild", False, 1.0, "t1.0"), (8, 2, "bad", True, 0.2, "t0.7-top_k"),
-    (8, 4, "zero", True, 1.0, "t1.0-top_p"),
+    (8, 4, "zero", True, 1.0, "t1.0-top_p"), (4, 3, "none", False, 1.0, ""),
+    (8, 4, "none", True, 0.2, ""), (8, 2, "none", True, 0.2, "t0.7-top_k"),
+    (4, 3, "none", False, 1.0, "t1.0"),
 ])
 def test_speculative_matches_reference(block_size, lookahead, head_kind, damped, threshold,
                                        sampling):
@@ -552,10 +558,25 @@ def test_speculative_batch_row_forwards():
 
 # --- errors ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["direct", "speculative", "remask"])
+@pytest.mark.parametrize("mode", ["direct", "remask"])
 def test_mrp_mode_without_head(mode):
     with pytest.raises(ValueError, match=rf"mode '{mode}' needs an MRP head"):
         make_decoder(DecodeConfig(mode=mode))
+
+
+def test_speculative_without_a_head_self_drafts():
+    model = backbone(0, 4)
+    head = random_head(model, 0)
+    assert make_decoder(DecodeConfig(mode="speculative")).head is None
+    assert make_decoder(DecodeConfig(mode="speculative"), head).head is head
+    assert make_decoder(DecodeConfig(mode="speculative", drafter="self"), head).head is None
+    config = DecodeConfig(mode="speculative", lookahead=3, max_new_tokens=13, stop_token_ids=(),
+                          adaptive=False)
+    stats = decode(model, PROMPTS, config).stats
+    assert stats.head_forwards == stats.head_drafts == 0 < stats.self_drafts
+    assert 0 < stats.self_drafts_accepted == stats.accepted
+    stats = decode(model, PROMPTS, config, head).stats  # not adaptive: the head drafts
+    assert stats.self_drafts == 0 < stats.head_drafts and stats.head_drafts_accepted == stats.accepted
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -27,7 +27,7 @@ def test_the_default_grid_round_trips():
 
 def test_static_is_added_and_moved_first_and_base_knobs_kept():
     assert labels("dynamic:0.9,speculative:3, dynamic:0.7") == [
-        "static", "dynamic:0.9", "speculative:3@0.9", "dynamic:0.7"]
+        "static", "dynamic:0.9", "speculative-self:3@0.9", "speculative:3@0.9", "dynamic:0.7"]
     assert labels("remask:0.5,static,entropy:1.5") == ["static", "remask-chain:0.5", "entropy:1.5"]
     configs = parse_grid("direct:2,dynamic:0.25", BASE)
     assert configs[1].lookahead == 2 and isinstance(configs[1].lookahead, int)
@@ -49,8 +49,8 @@ BAD_GRIDS = {
     "dynamic:0.5,dynamic:0.50": "dynamic:0.5 more than once",
     "speculative:2@x": "threshold must be a number in",
     "speculative:2@1.5": "threshold must be a number in",
-    "dynamic:0.5@0.9": "only speculative:K@τ and remask-paper:τ@δ take a value after @",
-    "remask-chain:0.5@2": "only speculative:K@τ and remask-paper:τ@δ take a value after @",
+    "dynamic:0.5@0.9": "only speculative:K@τ, speculative-self:K@τ and remask-paper:τ@δ take a value after @",
+    "remask-chain:0.5@2": "only speculative:K@τ, speculative-self:K@τ and remask-paper:τ@δ take a value after @",
     "remask-paper:0.5@x": "remask_delta must be a number >= 0",
 }
 
@@ -70,15 +70,23 @@ def test_remask_entries_name_their_rule():
 
 def test_a_lossless_mode_brings_its_rule():
     # speculative at τ must equal dynamic at τ (static at 1.0): the rule joins the grid.
+    # Head-drafting speculation brings self-draft speculation at its τ (unless the grid has
+    # one there): the speed it must beat too.
     assert labels("speculative:3@0.7,speculative:2@1,dynamic:0.7,speculative:2@0.7") == [
-        "static", "speculative:3@0.7", "speculative:2@1", "dynamic:0.7", "speculative:2@0.7"]
-    assert labels("speculative:3@0.8") == ["static", "dynamic:0.8", "speculative:3@0.8"]
-    assert labels("speculative:3") == ["static", "dynamic:0.9", "speculative:3@0.9"]
+        "static", "speculative-self:3@0.7", "speculative:3@0.7", "speculative-self:2@1",
+        "speculative:2@1", "dynamic:0.7", "speculative:2@0.7"]
+    assert labels("speculative:3@0.8") == ["static", "dynamic:0.8", "speculative-self:3@0.8",
+                                           "speculative:3@0.8"]
+    assert labels("speculative-self:1,speculative:3") == [
+        "static", "dynamic:0.9", "speculative-self:1@0.9", "speculative:3@0.9"]
     configs = parse_grid("speculative:2@0.75", BASE)
     assert [grid_label(rule_of(c)) if rule_of(c) else None for c in configs] == [
-        "static", None, "dynamic:0.75"]
+        "static", None, "dynamic:0.75", "dynamic:0.75"]
     assert rule_of(parse_grid("direct:2", BASE)[1]) is None
-    assert setting_of(configs[2]) == "lookahead=2 threshold=0.75"
+    assert setting_of(configs[3]) == "lookahead=2 threshold=0.75"
+    assert setting_of(configs[2]) == "lookahead=2 drafter=self threshold=0.75"
+    assert (configs[2].drafter, configs[3].drafter, rule_of(configs[2]).drafter) == (
+        "self", "head", "head")
 
 
 @pytest.mark.parametrize("spec", BAD_GRIDS)
@@ -91,14 +99,15 @@ def test_a_lookahead_beyond_a_given_block_size_fails_while_parsing():
     with pytest.raises(ValueError, match=r"'speculative:9': lookahead \(9\) cannot exceed "
                                          r"block_size \(8\)"):
         parse_grid("speculative:9", DecodeConfig(block_size=8))
-    assert labels("speculative:20,remask:0.5") == ["static", "dynamic:0.9", "speculative:20@0.9",
-                                                   "remask-chain:0.5"]
+    assert labels("speculative:20,remask:0.5") == ["static", "dynamic:0.9",
+                                                   "speculative-self:20@0.9",
+                                                   "speculative:20@0.9", "remask-chain:0.5"]
 
 
 def test_modes_without_a_head_are_dropped():
     configs = parse_grid("dynamic:0.5,direct:1,speculative:2@0.5,remask:0.5", BASE)
     kept, dropped = bench.split_by_head(configs, has_head=False)
-    assert [grid_label(c) for c in kept] == ["static", "dynamic:0.5"]
+    assert [grid_label(c) for c in kept] == ["static", "dynamic:0.5", "speculative-self:2@0.5"]
     assert dropped == ["direct:1", "speculative:2@0.5", "remask-chain:0.5"]
     assert bench.split_by_head(configs, has_head=True) == (configs, [])
 
@@ -111,8 +120,14 @@ def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
     suites = [(task, task.examples("test", 2)) for task in tasks]
     grids = bench.run_bench(pipe, suites, configs)
     rows = {row["label"]: row for row in bench.bench_rows("arith", grids[:1])}
-    assert list(rows) == ["static", "dynamic:0.5", "speculative:2@1", "speculative:2@0.5",
-                          "direct:1"]
+    assert list(rows) == ["static", "dynamic:0.5", "speculative-self:2@1", "speculative:2@1",
+                          "speculative-self:2@0.5", "speculative:2@0.5", "direct:1"]
+    drafts_self = rows["speculative-self:2@1"]
+    assert drafts_self["reproduces"] == "static" and drafts_self["identical_to_rule"] == 1.0
+    assert drafts_self["self_draft_share"] in (None, 1.0) and drafts_self["speedup_vs_self"] is None
+    assert drafts_self["head_forwards"] == 0
+    assert rows["speculative:2@1"]["speedup_vs_self"] > 0
+    assert rows["speculative:2@0.5"]["speedup_vs_self"] > 0
     static, speculative = rows["static"], rows["speculative:2@1"]
     assert static["speedup"] == 1.0 and static["identical_to_static"] == 1.0 and static["lossless"]
     assert speculative["identical_to_static"] == 1.0 and speculative["lossless"]
@@ -130,7 +145,7 @@ def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
     assert all("frontier_accuracy" in r and "vs_frontier_at_tokens_per_second" in r
                for r in rows.values())
     pooled = bench.bench_rows("all", grids)
-    assert [row["n"] for row in pooled] == [4] * 5
+    assert [row["n"] for row in pooled] == [4] * 7
     assert not bench.lossless_violations(pooled), [
         (r["label"], r["identical_to_rule"]) for r in pooled]
 
@@ -151,9 +166,9 @@ def test_lossless_violations_and_markdown_placeholders():
     rows = [dict(task="t", label="speculative:2@1", accuracy=1.0, tokens_per_forward=1.0,
                  tokens_per_denoise_forward=1.0, tokens_per_second=3.0, speedup=0.5,
                  reproduces="static", identical_to_rule=0.5, speedup_vs_rule=0.5,
-                 mean_accepted=None, forward_cost_vs_rule=2.0, identical_to_static=0.5,
-                 lossless=True)]
+                 speedup_vs_self=1.1, self_draft_share=None, mean_accepted=None,
+                 forward_cost_vs_rule=2.0, identical_to_static=0.5, lossless=True)]
     assert bench.lossless_violations(rows) == rows
     assert bench.lossless_violations([{**rows[0], "lossless": False}]) == []
-    assert ("| t | speculative:2@1 | 1.0 | 1.0 | 1.0 | 3.0 | 0.5 | static | 0.5 | 0.5 | - | 2.0 "
-            "| 0.5 | True |") in bench.markdown(rows)
+    assert ("| t | speculative:2@1 | 1.0 | 1.0 | 1.0 | 3.0 | 0.5 | static | 0.5 | 0.5 | 1.1 | - "
+            "| - | 2.0 | 0.5 | True |") in bench.markdown(rows)

@@ -126,9 +126,9 @@ def test_bad_runs_fail_before_writing(pipe, tmp_path):
         evaluate_to_dir(pipe, task, examples + examples[:1],
                         store.RunDir(tmp_path / "a", identity(pipe)))
     headless = dataclasses.replace(pipe, head_dir=None)
-    speculative = identity(pipe, config=DecodeConfig(mode="speculative", max_new_tokens=MAX_NEW))
+    direct = identity(pipe, config=DecodeConfig(mode="direct", max_new_tokens=MAX_NEW))
     with pytest.raises(ValueError, match="needs an MRP head"):
-        evaluate_to_dir(headless, task, examples, store.RunDir(tmp_path / "b", speculative))
+        evaluate_to_dir(headless, task, examples, store.RunDir(tmp_path / "b", direct))
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         evaluate_to_dir(pipe, task, examples, store.RunDir(tmp_path / "c", identity(pipe)), 0)
     assert not any((tmp_path / name).exists() for name in "abc")

@@ -43,7 +43,7 @@ from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from conftest import random_backbone, random_head, tiny_config  # noqa: E402
 from fake_engine import FakeRunner, serve  # noqa: E402
 from mrp_dlm.config import DecodeConfig, HeadConfig  # noqa: E402
-from mrp_dlm.decoding.drafting import RoundCosts  # noqa: E402
+from mrp_dlm.decoding.drafting import SELF, RoundCosts  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
@@ -176,6 +176,27 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # every batch-size bucket a test batch can f
 
 
 @pytest.mark.parametrize("threshold", [1.0, 0.2])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_speculative_without_a_head_equals_low_confidence(threshold, adaptive):
+    # No `head` in the YAML: every draft after the first is a self-draft (the rule on the
+    # seed logits); the output is still LowConfidence's, in no more forwards.
+    block_size, max_new = 4, MAX_NEW[4]
+    model = backbone(5, block_size, True)
+    want, rule_forwards = low_confidence(5, block_size, True, threshold)
+    parts = SimpleNamespace(mrp_host=host_of_model(model), mrp_head=None)
+    runner = FakeRunner(model, block_size, model_parts=parts)
+    algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, lookahead=3,
+                                           threshold=threshold, adaptive=adaptive))
+    got = serve(runner, algorithm, rule_prompts(5, block_size, True, threshold), max_new, MASK)
+    assert tuple(tuple(r) for r in got) == want
+    assert runner.forwards <= rule_forwards
+    stats = stats_of(algorithm)
+    assert stats.self_drafts == stats.drafts
+    if not adaptive:
+        assert stats.draft_rounds > 0 and stats.accepted > 0 and "0 head, " in stats.summary()
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.2])
 @pytest.mark.parametrize("costs", [RoundCosts(0.0, 0.0), RoundCosts(5.0, 5.0), None])
 def test_adaptive_speculative_equals_low_confidence(tmp_path, threshold, costs):
     # Whatever the plan (every draft, none, or the costs probed on this machine), the
@@ -193,9 +214,9 @@ def test_adaptive_speculative_equals_low_confidence(tmp_path, threshold, costs):
     assert tuple(tuple(r) for r in got) == want
     assert runner.req_to_token_pool.available_size() == runner.free_rows - len(got)
     if costs == RoundCosts(5.0, 5.0):
-        assert runner.forwards == rule_forwards and algorithm.planner.acceptance.tried == 0
+        assert runner.forwards == rule_forwards and sum(sum(a.tried) for a in algorithm.planner.acceptance.values()) == 0
     else:
-        assert runner.forwards <= rule_forwards and algorithm.planner.acceptance.tried > 0
+        assert runner.forwards <= rule_forwards and sum(sum(a.tried) for a in algorithm.planner.acceptance.values()) > 0
 
 
 def test_fallback_without_free_rows_is_exact(tmp_path):
@@ -280,8 +301,10 @@ def test_config_errors(tmp_path):
     head_dir = saved_head(tmp_path, model, random_head(model, 0))
     with pytest.raises(ServingConfigError, match="unknown key"):
         MrpSpeculative(dllm_config("MrpSpeculative", 4, head=head_dir, lookahed=3))
-    with pytest.raises(ServingConfigError, match="lacks `head`"):
-        MrpSpeculative(dllm_config("MrpSpeculative", 4, lookahead=3))
+    with pytest.raises(ServingConfigError, match="MrpDirect needs `head: <directory>`"):
+        MrpDirect(dllm_config("MrpDirect", 4, lookahead=3))
+    assert MrpSpeculative(dllm_config("MrpSpeculative", 4, lookahead=3)).planner.sources == (
+        SELF,)  # without a head: self-drafts
     with pytest.raises(ServingConfigError, match="head directory not found"):
         MrpSpeculative(dllm_config("MrpSpeculative", 4, head=str(tmp_path / "nope")))
     with pytest.raises(ServingConfigError, match="lookahead"):
@@ -390,7 +413,7 @@ def test_stats_of_speculative_count_accepted_drafts(tmp_path):
     assert spec.draft_rounds > 0 and 0 < spec.accepted <= spec.drafts <= 3 * spec.draft_rounds
     assert base.forwards - spec.accepted <= spec.forwards <= base.forwards - spec.accepted + blocks
     assert spec.tokens_per_forward > base.tokens_per_forward
-    assert "head drafts accepted per round" in spec.summary()
+    assert "drafts accepted per round" in spec.summary() and "head," in spec.summary()
 
 
 def test_stats_hook_reads_the_scheduler_requests(caplog):

@@ -32,8 +32,8 @@ from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
 from mrp_dlm.serving import launch, process
 from mrp_dlm.serving.config import MrpServingConfig
 from mrp_dlm.serving.launch import (CPU_KV_MEMORY_SHARE, CPU_MAX_RUNNING_REQUESTS, Checkpoint,
-                                    ServeConfig, ServeError, cpu_kv_tokens, plan_launch,
-                                    read_checkpoint, ready_message)
+                                    ServeConfig, ServeError, cpu_kv_tokens, describe,
+                                    plan_launch, read_checkpoint, ready_message)
 
 GIB = 1 << 30
 
@@ -145,9 +145,14 @@ def test_bad_serve_configs(changes, message):
 
 def test_heads_are_required_and_checked(tmp_path, cpu_machine):
     save_backbone(random_backbone(tiny_config()), tmp_path / "model")
-    other = ServeConfig(model=str(tmp_path / "model"))
+    other = ServeConfig(model=str(tmp_path / "model"), algorithm="MrpDirect")
     with pytest.raises(ServeError, match="needs the MRP head trained on .*give --head DIR"):
         plan_launch(other, tmp_path / "a.yaml", [], {})
+    # MrpSpeculative without a head self-drafts: the YAML names none.
+    plan = plan_launch(ServeConfig(model=str(tmp_path / "model")), tmp_path / "s.yaml", [], {})
+    assert plan.head is None and not any(line.startswith("head:")
+                                         for line in plan.yaml_text.splitlines())
+    assert "no head: self-drafts" in describe(ServeConfig(model=str(tmp_path / "model")), plan)
     with pytest.raises(ServeError, match="MRP head directory not found"):
         plan_launch(ServeConfig(head=str(tmp_path / "nowhere")), tmp_path / "a.yaml", [], {})
     plan = plan_launch(ServeConfig(model=str(tmp_path / "model"), algorithm="LowConfidence"),

@@ -70,13 +70,17 @@ class SDARForCausalLM(SGLangSDARForCausalLM):
             self.attach_head(dllm.dllm_algorithm_config)
 
     def attach_head(self, config_path: Optional[str]) -> None:
-        """Load the MRP head named by the YAML, checked against this model."""
+        """Load the MRP head named by the YAML, checked against this model (none named:
+        MrpSpeculative self-drafts, only the host is attached)."""
         if get_parallel().tp_size > 1:
             raise ValueError("the MRP algorithms support tensor parallelism 1 only "
                              f"(got --tp {get_parallel().tp_size}); SDAR 1.7B-8B fit one GPU")
         serving = load_serving_config(config_path)
         self.mrp_host = host_of(self.config, self.model.embed_tokens, self.lm_head.weight,
                                 self.block_facts)
+        if serving.head_directory() is None:
+            log.info("no MRP head: MrpSpeculative self-drafts (the rule on the seed logits)")
+            return
         head = load_host_head(serving.head_directory(), self.mrp_host)
         self.mrp_head = head  # a submodule: it follows the model's device and dtype
         log.info("MRP head loaded from %s (%d layers, block size %d)", serving.head,
