@@ -340,8 +340,8 @@ def add_eval_parsers(commands) -> dict[str, list[str]]:
                            "threshold (dynamic, remask), the lookahead (direct, speculative) or "
                            "the entropy bound (entropy); speculative:K@T also sets the "
                            "threshold T of the rule it reproduces (T = 1: static), and that "
-                           "rule is run too; remask-chain:T, remask-paper:T@D and "
-                           "remask-paper-context:T@D name the remask rule (D: remask_delta; "
+                           "rule is run too; remask-chain:T and remask-paper:T@D "
+                           "name the remask rule (D: remask_delta; "
                            "remask:T takes --remask-rule); static is always run first "
                            f"(default: {DEFAULT_GRID}; with --pareto, the Pareto sweeps)")
     grid.add_argument("--json", action="store_true",

@@ -22,7 +22,7 @@ STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only mod
 MRP_MODES = ("direct", "speculative", "remask")  # modes that use an MRP head (speculative can do without)
 LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
-REMASK_RULES = ("chain", "paper", "paper-context")  # see `decoding/remask.py`, `decoding/veto.py`
+REMASK_RULES = ("chain", "paper")  # see `decoding/remask.py`, `decoding/veto.py`
 DRAFTERS = ("head", "self")  # what speculative decoding drafts with, see `decoding/drafting.py`
 # What a model loads in unless told (Pipeline, `mrp`). Plain names, so that the CLI builds its
 # help without importing torch (`model/loading.py` maps them to torch dtypes).
@@ -89,7 +89,7 @@ class DecodeConfig:
     top_p: float = 1.0  # nucleus mass kept when sampling
     seed: int = 0  # sampling seed; a row's draws depend on it and the row's positions only
     lookahead: int = 3  # direct/speculative: MRP head steps per backbone forward (K)
-    remask_rule: str = "chain"  # remask: chain (keep the step's reveals while the head, run on the reveals before each, still finds it above threshold), paper (the v2 paper's residual veto: send back every proposal whose |C| at its token exceeds remask_delta, the head on the block alone as the official loop), paper-context (the same veto, the head attending to its keys of earlier blocks as trained)
+    remask_rule: str = "chain"  # remask: chain (keep the step's reveals while the head, run on the reveals before each, still finds it above threshold), paper (the v2 paper's residual veto: send back every proposal whose |C| at its token exceeds remask_delta, the head on the block alone as the official loop)
     remask_delta: float = 2.0  # δ of the paper remask rules: a proposal is vetoed when |C| at its token exceeds this
     adaptive: bool = True  # speculative: run per round the drafts (head or self) that the measured acceptance and round costs say pay most (lookahead is the most); off: always lookahead head drafts (self-drafts without a head)
     drafter: str = "head"  # speculative: head (the MRP head where one is loaded, mixed with self-drafts as adaptive chooses; without a head, self-drafts) or self (self-drafts only, the rule's steps on the seed logits: no head read or run)

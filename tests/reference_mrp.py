@@ -34,8 +34,8 @@ Semantics (MRP_BRIEF §2, §4):
 - remask, paper rules (`decoding/veto.py`): each step proposes as remask above (steps ==
   block size, so the quota is 1: every masked position above threshold, else the most
   confident); with two or
-  more proposals one head run on the block before the step (h_in = h_A; `paper`: the block
-  alone, `paper-context`: after the earlier blocks as above) gives C = lm_head(h_C); every
+  more proposals one head run on the block before the step, the block alone (h_in = h_A),
+  gives C = lm_head(h_C); every
   proposal with |C at its token| > remask_delta goes back to mask, and if none survives the
   one with the smallest |C| stays (ties to the lower position). A lone proposal is kept
   without a head run (a head skip).
@@ -275,11 +275,8 @@ def veto_keep(model: Backbone, head: MRPHead, sequence: list[int], start: int,
         return proposed
     L = len(hidden)
     block = sequence[start:start + L]
-    if config.remask_rule == "paper-context":
-        residual = head_residual(model, head, sequence, block, hidden, start)  # (L, H)
-    else:
-        residual = head(model, torch.tensor([block]), hidden[None],
-                        torch.arange(start, start + L)[None])[0]  # (L, H), the block alone
+    residual = head(model, torch.tensor([block]), hidden[None],
+                    torch.arange(start, start + L)[None])[0]  # (L, H), the block alone
     trace.head_calls += 1
     C = exact_logits(model, residual[None])[0]  # (L, V)
     magnitude = {j: abs(C[j, proposals[j].token].item()) for j in proposed}

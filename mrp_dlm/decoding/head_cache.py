@@ -86,15 +86,12 @@ class HeadCache:
             return accumulator + self.on_rows(tokens, accumulator, rows)
         return accumulator + self.with_pending(tokens, accumulator)
 
-    def residual(self, tokens: torch.Tensor, hidden_in: torch.Tensor,
-                 context: bool = True) -> torch.Tensor:
-        """h_C (B, L, H) of one head step on the current block's tokens (B, L) from hidden_in
-        (B, L, H). context False: the head on the block alone, reading and writing no keys
-        (the official remask loop's head, `decoding/veto.py`); still counted as a head step."""
+    def residual(self, tokens: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
+        """h_C (B, L, H) of the head on the current block's tokens (B, L) from hidden_in
+        (B, L, H) ALONE, reading and writing no keys: the official remask loop's head
+        (`decoding/veto.py`); counted as a head step."""
         self.steps += 1
-        if not context:
-            return self.head(self.model, tokens, hidden_in, self.positions)
-        return self.with_pending(tokens, hidden_in)
+        return self.head(self.model, tokens, hidden_in, self.positions)
 
     def with_pending(self, tokens: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
         """h_C (B, M*L, H) of M block copies (B, M*L), the pending stores in the same forward."""

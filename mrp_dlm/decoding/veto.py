@@ -18,9 +18,10 @@ step where no row has two proposals runs none (`DecodeStats.head_skips`): a lone
 survives either way (vetoed, the fallback keeps it), so skipping changes no token.
 
 Head context: the official loop never writes the head's keys of earlier blocks, so its head
-sees the current block only (`paper`), though the head was trained attending to them.
-`paper-context` runs the same veto with the head attending to its keys of every earlier block
-(`head_cache.py`), as the head was trained and as the direct and speculative modes run it.
+sees the current block only, though the head was trained attending to them; so does this
+rule. The same veto with the head attending to its keys of every earlier block (as trained,
+and as the direct and speculative modes run it) was measured and did no better at matched
+speed (docs/experiments.md, session 11), so it is not offered.
 
 Quota: the official fallback is one position whatever the step's n_s, and its loop stops
 after `steps` steps even when masks remain (it would store a block with masks in it); so
@@ -102,11 +103,10 @@ class VetoDecoder:
     def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
         self.config, self.head = config, head
         self.sampling = sampling_of(config)
-        self.context = config.remask_rule == "paper-context"
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         def residual(tokens: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
-            return context.head.residual(tokens, hidden_in, self.context)
+            return context.head.residual(tokens, hidden_in)
 
         veto = veto_step(residual, context.model, step, self.config.threshold,
                          self.config.remask_delta, self.sampling)

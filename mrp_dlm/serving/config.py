@@ -32,7 +32,6 @@ from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, DecodeConfig
 
 log = logging.getLogger(__name__)
 
-SERVED_REMASK_RULES = ("paper", "paper-context")  # MrpRemask's rules (one head step per forward)
 DEPRECATED_KEYS = {"mask_id": "mask_token_id"}  # old YAML key -> its one current name
 YAML_SOURCE = "the dLLM algorithm config"  # how messages name the YAML when no path is known
 
@@ -49,7 +48,6 @@ class MrpServingConfig:
     lookahead: int = DecodeConfig.lookahead  # K: head steps per round (the library's default)
     threshold: float | None = None  # MrpSpeculative's rule; None: the library's default
     adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: draft only what pays (as the library)
-    remask_rule: str | None = None  # MrpRemask: paper or paper-context; None: paper (the official loop)
     remask_delta: float | None = None  # MrpRemask: δ of the residual veto; None: the library's default
     block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
     mask_token_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
@@ -68,10 +66,6 @@ class MrpServingConfig:
                 or not 0.0 < self.threshold <= 1.0):
             raise ServingConfigError(f"threshold must be a number in (0, 1], got "
                                      f"{self.threshold!r}")
-        if self.remask_rule not in (None, *SERVED_REMASK_RULES):
-            raise ServingConfigError(f"remask_rule must be one of {', '.join(SERVED_REMASK_RULES)}"
-                                     f" (the chain rule runs in the library only), got "
-                                     f"{self.remask_rule!r}")
         if self.remask_delta is not None and (
                 not isinstance(self.remask_delta, (int, float))
                 or isinstance(self.remask_delta, bool) or self.remask_delta < 0):
@@ -105,7 +99,7 @@ class MrpServingConfig:
     def remask(self) -> DecodeConfig:
         """The library's remask config MrpRemask reproduces (greedy; sampling per request)."""
         return DecodeConfig(mode="remask", threshold=self.speculative_threshold,
-                            remask_rule=self.remask_rule or "paper",
+                            remask_rule="paper",
                             remask_delta=(DecodeConfig.remask_delta if self.remask_delta is None
                                           else float(self.remask_delta)))
 

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MODELS_PACKAGE = "mrp_dlm.serving.models"
 ALGORITHMS = ("MrpSpeculative", "MrpDirect", "MrpRemask")  # the names `--dllm-algorithm` takes
+HEAD_KEY_ALGORITHMS = ("MrpSpeculative", "MrpDirect")  # keep the head's keys of earlier blocks
 
 
 def load() -> None:
@@ -137,7 +138,7 @@ def head_cell_size_hook(result, configurator, kvc, *args, **kwargs):
     from mrp_dlm.serving.head_pool import head_bytes_per_token
 
     dllm = get_exec().dllm
-    if result is None or dllm.dllm_algorithm not in ALGORITHMS or kvc.is_draft_worker:
+    if result is None or dllm.dllm_algorithm not in HEAD_KEY_ALGORITHMS or kvc.is_draft_worker:
         return result
     directory = load_serving_config(dllm.dllm_algorithm_config).head_directory()
     if directory is None:  # MrpSpeculative without a head: no head pool

@@ -4,16 +4,16 @@ Per forward and request: the dynamic rule's proposals on the backbone logits (ev
 position above the YAML's `threshold`, else the most confident), one head forward on the
 block as it was before them, and each proposal whose |C| at its token exceeds
 `remask_delta` sent back to mask (a request that loses them all keeps its smallest |C|):
-`decoding.veto.veto_step`, the library decoder's own step. `remask_rule: paper` (the
-default) runs the head on the block alone, as the official loop does; `paper-context` lets
-it attend to its keys of earlier blocks (`head_pool.py`). The chain rule, which checks each
+`decoding.veto.veto_step`, the library decoder's own step (`--mode remask --remask-rule
+paper`). The head runs on the block alone, as the official loop runs it, so this algorithm
+keeps no head keys. The chain rule (the library's default remask rule), which checks each
 reveal on a block copy of its own, runs in the library only.
 
 The block is done at the first forward that sees it without masks (that forward wrote its
 clean KV), exactly as `LowConfidence` finishes a block.
 
-Deliberately not here: the rule (see `decoding/veto.py`); the head's weights and keys (see
-`head_host.py`, `head_pool.py`).
+Deliberately not here: the rule (see `decoding/veto.py`); the head's weights (see
+`head_host.py`).
 
 Shapes: B requests, L block size, H hidden, V vocab.
 """
@@ -48,23 +48,10 @@ class MrpRemask(MrpAlgorithm):
             positions = forward_batch.positions.view(B, L).long()  # (B, L)
             step = Step(index=0, quota=1, rows=BlockRows(block, eligible, positions),
                         base=BackboneStep(hidden, logits))
-            residual = self.residual(head, host, model_runner, forward_batch, positions)
-            veto = veto_step(residual, host, step, self.rule.threshold, self.rule.remask_delta,
+            veto = veto_step(lambda tokens, hidden_in: head(host, tokens, hidden_in, positions),
+                             host, step, self.rule.threshold, self.rule.remask_delta,
                              batch_sampling(forward_batch, positions.device))
             block = torch.where(done[:, None], block, veto.tokens)
-        if self.rule.remask_rule == "paper-context":  # the head reads its keys: keep them
-            finished = [i for i, d in enumerate(done_list) if d]
-            self.store_blocks(model_runner, forward_batch, finished, block[finished],
-                              hidden[finished])
         forward_batch.input_ids.copy_(block.view(-1).to(forward_batch.input_ids.dtype))
         return (out.logits_output, block.tolist(), [L if d else 0 for d in done_list],
                 [None if d else prompt[i] for i, d in enumerate(done_list)], out.can_run_graph)
-
-    def residual(self, head, host, model_runner, forward_batch, positions: torch.Tensor):
-        """h_C of the batch's blocks: the head alone on each (paper), or attending to its keys
-        of the request's earlier blocks (paper-context)."""
-        if self.rule.remask_rule == "paper-context":
-            context = self.head_context(model_runner, forward_batch,
-                                        list(range(forward_batch.batch_size)))
-            return lambda tokens, hidden_in: context.residual(tokens, hidden_in)
-        return lambda tokens, hidden_in: head(host, tokens, hidden_in, positions)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.serving.config import SERVED_REMASK_RULES
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
 
 ALGORITHMS = (*MRP_ALGORITHMS, "LowConfidence")  # what `mrp serve --algorithm` takes
@@ -32,7 +31,6 @@ class ServeConfig:
     threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
     lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
     adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay
-    remask_rule: str = "paper"  # MrpRemask: paper (the head on the block alone, as the official loop) or paper-context
     remask_delta: float = DecodeConfig.remask_delta  # MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask
     port: int = 30000  # HTTP port on 127.0.0.1
     device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
@@ -53,9 +51,6 @@ class ServeConfig:
             raise ServeError("MrpDirect takes no threshold (it commits the static pick and K "
                              "head picks per forward); --threshold is for MrpSpeculative and "
                              "LowConfidence")
-        if self.remask_rule not in SERVED_REMASK_RULES:
-            raise ServeError(f"remask_rule must be one of {', '.join(SERVED_REMASK_RULES)} (the "
-                             f"chain rule runs in the library only), got {self.remask_rule!r}")
         if self.remask_delta < 0:
             raise ServeError(f"remask_delta must be >= 0, got {self.remask_delta}")
         if self.algorithm == "LowConfidence" and self.head is not None:

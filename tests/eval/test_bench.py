@@ -56,13 +56,12 @@ BAD_GRIDS = {
 
 
 def test_remask_entries_name_their_rule():
-    assert labels("remask-paper:0.5@2,remask-paper:0.5,remask-chain:0.3,"
-                  "remask-paper-context:0.7@0.5") == [
-        "static", "remask-paper:0.5@2", "remask-paper:0.5@1", "remask-chain:0.3",
-        "remask-paper-context:0.7@0.5"]  # without @δ: the base's remask_delta
-    paper, context = parse_grid("remask-paper:0.5@4,remask-paper-context:0.7", BASE)[1:]
+    assert labels("remask-paper:0.5@2,remask-paper:0.5,remask-chain:0.3") == [
+        "static", "remask-paper:0.5@2", "remask-paper:0.5@1",
+        "remask-chain:0.3"]  # without @δ: the base's remask_delta
+    paper, chain = parse_grid("remask-paper:0.5@4,remask-chain:0.7", BASE)[1:]
     assert (paper.remask_rule, paper.threshold, paper.remask_delta) == ("paper", 0.5, 4.0)
-    assert context.remask_rule == "paper-context"
+    assert chain.remask_rule == "chain"
     assert setting_of(paper) == "threshold=0.5 remask_rule=paper remask_delta=4"
     assert family_of(paper) == "remask-paper δ=4" and family_of(BASE) == "static"
     assert labels("remask:0.5") == ["static", "remask-chain:0.5"]  # the base's rule

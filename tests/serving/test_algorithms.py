@@ -266,18 +266,15 @@ def test_direct_equals_our_direct_decoder(tmp_path):
     assert got == want
 
 
-@pytest.mark.parametrize("rule,threshold,delta", [
-    ("paper", 0.3, 1.0), ("paper", 0.2, 0.5), ("paper-context", 0.3, 1.0),
-])
-def test_remask_equals_our_remask_decoder(tmp_path, rule, threshold, delta):
+@pytest.mark.parametrize("threshold,delta", [(0.3, 1.0), (0.2, 0.5)])
+def test_remask_equals_our_remask_decoder(tmp_path, threshold, delta):
     block_size, model = 4, backbone(3, 4, False)
     head = random_head(model, 7, norm=0.3)
     head_dir = saved_head(tmp_path, model, head)
     runner = runner_with_head(model, block_size, head_dir)
     algorithm = MrpRemask(dllm_config("MrpRemask", block_size, head=head_dir,
-                                      threshold=threshold, remask_rule=rule,
-                                      remask_delta=delta))
-    config = DecodeConfig(mode="remask", remask_rule=rule, remask_delta=delta,
+                                      threshold=threshold, remask_delta=delta))
+    config = DecodeConfig(mode="remask", remask_rule="paper", remask_delta=delta,
                           threshold=threshold, block_size=block_size,
                           max_new_tokens=MAX_NEW[4], stop_token_ids=())
     prompts = robust_prompts(model, config, head)
@@ -285,13 +282,6 @@ def test_remask_equals_our_remask_decoder(tmp_path, rule, threshold, delta):
     decoded = generate(model, prompts, config, make_decoder(config, runner.model.mrp_head))
     assert got == decoded.token_ids
     assert decoded.stats.vetoed > 0  # not vacuous: the head sent proposals back
-
-
-def test_remask_refuses_the_chain_rule(tmp_path):
-    model = backbone(0, 4, False)
-    head_dir = saved_head(tmp_path, model, MRPHead(model.config, HeadConfig(num_layers=1)))
-    with pytest.raises(ServingConfigError, match="chain rule runs in the library only"):
-        MrpRemask(dllm_config("MrpRemask", 4, head=head_dir, remask_rule="chain"))
 
 
 # --- errors ---------------------------------------------------------------------------------
