@@ -289,6 +289,34 @@ class TrainConfig:
         return tuple(name.strip() for name in self.tasks.split(",") if name.strip())
 
 
+DISTILL_FORMATS = ("jsonl", "parquet")  # output shard formats of `mrp distill`
+# What `mrp distill` decodes with unless told: the rule speculative decoding reproduces.
+DISTILL_DECODE = DecodeConfig(mode="dynamic", threshold=0.9)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """`mrp distill`: the backbone's own answers to prompts, sharded, resumable, seeded."""
+
+    prompts: str  # prompts in the --data syntax: chat files (the turns before the last assistant turn), globs, datasets folders, task:NAME (its train split, --limit problems)
+    out: str  # output folder of shards: {"id", "messages"} rows, the prompt's turns and the backbone's answer
+    batch_size: int = 16  # prompts decoded together by each process
+    shard_rows: int = 10000  # rows per output shard file
+    output_format: str = "jsonl"  # jsonl (append-only, a row per finished prompt) or parquet (needs pyarrow; a shard written whole)
+    limit: int | None = None  # the first N prompts of each source; None: all (a task source needs it)
+    skip_bad_rows: bool = False  # skip and count prompt rows that are not conversations instead of failing on the first
+
+    def __post_init__(self) -> None:
+        if not self.prompts or not self.out:
+            raise ValueError("prompts and out must name a source and a folder")
+        check_at_least_one(self, ("batch_size", "shard_rows"))
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.output_format not in DISTILL_FORMATS:
+            raise ValueError(f"unknown output_format {self.output_format!r}; choose one of "
+                             f"{', '.join(DISTILL_FORMATS)}")
+
+
 REVEAL_RULES = ("static", "dynamic", "random")
 
 
