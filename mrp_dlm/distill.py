@@ -188,7 +188,9 @@ def distill(config: DistillConfig, decode: DecodeConfig, pipe: Pipeline, world: 
     encoder = ChatEncoder(pipe.tokenizer, find_special_ids(pipe.tokenizer),
                           pipe.model.config.block_size)
     report, writer = DistillReport(), ShardWriter(out, config, world.rank)
-    for batch in pending_batches(config, encoder, finished_ids(out), world, report):
+    # Every row is read and checked before the first decode: a bad row fails in seconds.
+    batches = list(pending_batches(config, encoder, finished_ids(out), world, report))
+    for batch in batches:
         prompts = [pipe.tokenizer.encode(encoder.prompt_text(c)) for c in batch]
         started = time.perf_counter()
         result = pipe.generate_ids(prompts, decode)

@@ -65,7 +65,7 @@ def expand(pattern: str) -> tuple[Path, ...]:
             return (path,)
         found = sorted(p for p in path.rglob("*") if p.suffix.lower() in DATA_SUFFIXES)
     elif path.is_file():
-        found = [path]
+        found = [path] if path.suffix.lower() in DATA_SUFFIXES else []
     else:
         found = sorted(Path(p) for p in glob.glob(pattern, recursive=True)
                        if Path(p).is_dir() or Path(p).suffix.lower() in DATA_SUFFIXES)
