@@ -194,3 +194,21 @@ def test_streamed_batches_equal_in_memory_batches(tmp_path, encoder):
         a, b = streamed.batch(step), in_memory.batch(step)
         assert all(torch.equal(getattr(a, f), getattr(b, f))
                    for f in ("input_ids", "positions", "segment_ids", "response"))
+
+
+def test_train_backbone_on_chat_files(tmp_path, capsys):
+    """`mrp train backbone --data`: a preset's tokenizer learns the files' turns, and the run
+    trains on them (two sources mixed, a weight on one)."""
+    from conftest import run_cli
+
+    first = write_jsonl(tmp_path / "a.jsonl", chat_rows(30))
+    second = write_jsonl(tmp_path / "b.json.d" / "b.jsonl", chat_rows(10, "test"))
+    code, out, err = run_cli(capsys, "train", "backbone", "--preset", "tiny", "--out",
+                             str(tmp_path / "run"), "--data", f"{first},{second}@2",
+                             "--steps", "2", "--batch-size", "2", "--seq-len", "128",
+                             "--vocab-size", "300")
+    assert code == 0, err
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text()
+           .splitlines()]
+    assert log[-1]["step"] == 2
