@@ -8,8 +8,8 @@ tokens packed with synthetic chat samples (1,024 tokens each, a quarter prompt),
 the head loop's own `draw_step` + `train_step` (`training/head_loop.py`): `--warmup` steps
 excluded, `--steps` timed.
 
-    OMP_NUM_THREADS=2 python benchmarks/train_step_cost.py --layers 1 --head-layers 1 --seq-len 1024
-    python benchmarks/train_step_cost.py --device cuda --bf16 --seq-len 4096 --rows 2   # whole, one GPU
+    OMP_NUM_THREADS=1 python benchmarks/train_step_cost.py --layers 1 --seq-len 1024
+    python benchmarks/train_step_cost.py --device cuda --bf16 --rows 2   # whole, one GPU
 
 Reports seconds per step, sample tokens per second and peak memory (CUDA: the allocator's
 peak; CPU: the process's peak resident set, weights included), then one JSON line.
@@ -110,12 +110,14 @@ def main() -> None:
     seconds = sum(timings) / len(timings)
     layers = backbone.config.num_layers
     whole = layers == BACKBONE_PRESETS[args.preset]["num_layers"]
-    label = "whole model" if whole else f"PER {layers} OF {BACKBONE_PRESETS[args.preset]['num_layers']} LAYERS"
+    total = BACKBONE_PRESETS[args.preset]["num_layers"]
+    label = "whole model" if whole else f"PER {layers} OF {total} LAYERS"
     result = {"preset": args.preset, "scope": label, "backbone_layers": layers,
               "head_layers": args.head_layers, "seq_len": args.seq_len, "rows": args.rows,
               "lookahead": args.lookahead, "dtype": str(dtype).removeprefix("torch."),
               "grad_checkpointing": args.grad_checkpointing,
-              "seconds_per_step": round(seconds, 3), "tokens_per_s": round(tokens / sum(timings), 1),
+              "seconds_per_step": round(seconds, 3),
+              "tokens_per_s": round(tokens / sum(timings), 1),
               "peak_memory_gb": round(peak_memory_gb(args.device), 2),
               "head_parameters_m": round(sum(p.numel() for p in head.parameters()) / 1e6, 1),
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda")

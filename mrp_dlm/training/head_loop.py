@@ -344,8 +344,8 @@ def run_training(config: HeadTrainConfig, world: World) -> Path:
             window = loop.LogWindow()
         if progress.step % config.eval_every == 0 or done:
             result = run_evaluation(run, data, progress.step, metrics)
-            bar.set_postfix(kl=f"{result['kl_residual'][0]:.4f}",
-                            accepted=f"{result.get('acceptance', {}).get('accepted_per_round', 0):.3f}")
+            accepted = result.get("acceptance", {}).get("accepted_per_round", 0.0)
+            bar.set_postfix(kl=f"{result['kl_residual'][0]:.4f}", accepted=f"{accepted:.3f}")
         if world.is_main and (progress.step % config.save_every == 0 or done):
             save_head_checkpoint(run, progress, history, metrics)
     bar.close()
