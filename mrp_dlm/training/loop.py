@@ -22,7 +22,7 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from collections.abc import Callable
 from pathlib import Path
 
@@ -239,7 +239,18 @@ def save_train_state(out: Path, optimizer: torch.optim.Optimizer, progress: Prog
     write_atomic(out / CONFIG_FILE, lambda tmp: tmp.write_text(config_text))
 
 
+def patch_missing_fields(saved: dict, config) -> dict:
+    """A saved config with the fields added since it was written at their defaults (the
+    one back-compat patch: such a run trained with what the default now does)."""
+    missing = {f.name: f.default for f in fields(config)
+               if f.name not in saved and f.default is not MISSING}
+    if missing:
+        log.info("the saved run predates %s; taking their defaults", ", ".join(missing))
+    return {**missing, **saved}
+
+
 def check_resumable(saved: dict, config, free: tuple[str, ...] = RESUME_FREE_FIELDS) -> None:
+    saved = patch_missing_fields(saved, config)
     changed = [f"{f.name}: {saved.get(f.name)!r} -> {getattr(config, f.name)!r}"
                for f in fields(config)
                if f.name not in free and saved.get(f.name) != getattr(config, f.name)]

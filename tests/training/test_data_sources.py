@@ -212,3 +212,19 @@ def test_train_backbone_on_chat_files(tmp_path, capsys):
     log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text()
            .splitlines()]
     assert log[-1]["step"] == 2
+
+
+def test_a_run_saved_before_the_data_fields_resumes():
+    """Fields added since a run was saved take their defaults; a real change still fails."""
+    import dataclasses
+
+    from mrp_dlm.config import HeadTrainConfig
+    from mrp_dlm.training import head_loop, loop
+
+    config = HeadTrainConfig(out="run")
+    saved = {k: v for k, v in dataclasses.asdict(config).items()
+             if k not in ("data", "eval_data", "held_out_frac", "skip_bad_rows")}
+    loop.check_resumable(saved, config, head_loop.RESUME_FREE_FIELDS)
+    with pytest.raises(ValueError, match="held_out_frac"):
+        loop.check_resumable(saved, dataclasses.replace(config, held_out_frac=0.5),
+                             head_loop.RESUME_FREE_FIELDS)
