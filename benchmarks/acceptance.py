@@ -32,6 +32,7 @@ from mrp_dlm.config import DecodeConfig, HeadConfig  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.decoding.stats import DecodeStats  # noqa: E402
+from mrp_dlm.distill import prompt_turns, read_prompts  # noqa: E402
 from mrp_dlm.eval import provenance  # noqa: E402
 from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
@@ -44,7 +45,9 @@ REFERENCE = DecodeConfig(mode="dynamic", threshold=0.9)  # the wall-clock refere
 
 def head_named(name: str, pipe: Pipeline) -> MRPHead:
     if name == ZERO:
-        return MRPHead(pipe.model.config, HeadConfig(num_layers=1)).eval()
+        weight = pipe.model.lm_head.weight
+        return MRPHead(pipe.model.config, HeadConfig(num_layers=1)).to(weight.device,
+                                                                       weight.dtype).eval()
     # A head saved before heads attended to the context runs here as the context-attending
     # head it now is (its weights were trained for its block only).
     return load_head(name, pipe.model, block_only=True).eval()
@@ -109,17 +112,27 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=50, help="first test problems per task")
     parser.add_argument("--thresholds", default="0.9,1.0", help="comma-separated τ values")
     parser.add_argument("--lookaheads", default="3", help="comma-separated K (head steps)")
+    parser.add_argument("--prompts", default=None,
+                        help="held-out chat prompts in the --data syntax (docs/training.md), "
+                             "the first --problems rows of each source, instead of --tasks")
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--dtype", default="float32", help="model dtype (default: float32)")
     args = parser.parse_args()
-    pipe = Pipeline.load(args.model)
-    tasks = [get_task(name) for name in args.tasks.split(",")]
-    prompts = [pipe.encode(task.prompt(example), chat=True)
-               for task in tasks for example in task.examples("test", args.problems)]
+    pipe = Pipeline.load(args.model, args.dtype, args.device)
+    if args.prompts:
+        prompts = [pipe.tokenizer.encode(pipe.tokenizer.render_messages(prompt_turns(row)))
+                   for row in read_prompts(args.prompts, args.problems)
+                   if not isinstance(row, Exception)]
+    else:
+        tasks = [get_task(name) for name in args.tasks.split(",")]
+        prompts = [pipe.encode(task.prompt(example), chat=True)
+                   for task in tasks for example in task.examples("test", args.problems)]
     thresholds = [float(value) for value in args.thresholds.split(",")]
     lookaheads = [int(value) for value in args.lookaheads.split(",")]
     rows = measure(pipe, prompts, args.heads, thresholds, lookaheads)
     print_table(rows)
     print(json.dumps({"rows": rows, "problems": len(prompts),
-                      "git": provenance.git_commit(), "hardware": provenance.hardware("cpu")}))
+                      "git": provenance.git_commit(), "hardware": provenance.hardware(args.device)}))
 
 
 if __name__ == "__main__":

@@ -27,8 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mrp_dlm.config import HeadTrainConfig  # noqa: E402
 from mrp_dlm.model.head_loading import load_head  # noqa: E402
 from mrp_dlm.training import head_loop  # noqa: E402
+from mrp_dlm.training.conversations import ChatEncoder  # noqa: E402
 from mrp_dlm.training.distributed import join_world, leave_world  # noqa: E402
-from mrp_dlm.training.head_eval import evaluate_head  # noqa: E402
+from mrp_dlm.training.head_eval import build_held_out, evaluate_head  # noqa: E402
+from mrp_dlm.training.sources import DataOptions, load_eval_sources, task_spec  # noqa: E402
 
 
 def summary(metrics: dict) -> dict:
@@ -52,8 +54,10 @@ def main() -> None:
     try:
         backbone = head_loop.load_frozen_backbone(config, torch.bfloat16, "cpu")
         tokenizer, special = head_loop.model_tokenizer(config, backbone)
-        held_out = head_loop.load_held_out(config, tokenizer, special,
-                                           backbone.config.block_size, world)
+        encoder = ChatEncoder(tokenizer, special, backbone.config.block_size)
+        options = DataOptions(config.seq_len, 0, args.examples, 0.0, False)
+        held_out = build_held_out(load_eval_sources(task_spec(config.task_names), encoder,
+                                                    options), config, special, world)
         for directory in args.heads:
             head = load_head(directory, backbone).float().eval()  # checks the fingerprint
             with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -12,8 +12,8 @@ import logging
 import sys
 from pathlib import Path
 
-from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES, DecodeConfig,
-                            HeadTrainConfig, TrainConfig)
+from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DISTILL_DECODE, DTYPE_NAMES,
+                            DecodeConfig, DistillConfig, HeadTrainConfig, TrainConfig)
 from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE, DEMO_PROBLEMS, EVAL_BATCH_SIZE
 from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.pareto import PARETO_BATCH_SIZE
@@ -126,6 +126,57 @@ def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
         out = train_head(config)
     print(f"head written to {out}")
     return 0
+
+
+def cmd_distill(args: argparse.Namespace, distill_fields: list[str],
+                decode_fields: list[str]) -> int:
+    config = build_dataclass(DistillConfig, args, distill_fields)
+    decode = build_dataclass(DecodeConfig, args, decode_fields, base=DISTILL_DECODE)
+    print(f"mrp distill: {config.prompts} with {grid_label(decode)}, into {config.out}; "
+          "loading torch", file=sys.stderr, flush=True)
+    from tqdm import tqdm
+
+    from mrp_dlm.distill import distill
+    from mrp_dlm.pipeline import Pipeline
+    from mrp_dlm.training.distributed import finish_together, join_world, leave_world
+
+    world = join_world(args.device)
+    try:
+        pipe = Pipeline.load(args.model, args.dtype, world.device, args.mask_token_id,
+                             decode.block_size, args.head, args.threads)
+        bar = tqdm(desc="distill", unit="tok", unit_scale=True, disable=not world.is_main)
+        answered = [0]
+
+        def advance(rows: int, tokens: int) -> None:
+            answered[0] += rows
+            bar.update(tokens)
+            bar.set_postfix(prompts=answered[0])
+
+        report = distill(config, decode, pipe, world, advance)
+        bar.close()
+        finish_together(world)
+    finally:
+        leave_world(world)
+    rate = report.tokens / report.seconds if report.seconds else 0.0
+    print(f"answered {report.written} prompts ({report.tokens} tokens, {rate:.0f} tokens/s) on "
+          f"rank {world.rank}; {report.skipped} already done, {report.bad} bad rows skipped; "
+          f"output in {config.out}")
+    return 0
+
+
+def add_distill_parser(commands) -> dict[str, list[str]]:
+    """`mrp distill`; returns its DistillConfig and DecodeConfig flag names."""
+    distill = commands.add_parser(
+        "distill", help="answer prompts with the backbone itself: the data heads train on",
+        description="Decode every prompt of --prompts with the backbone (default: dynamic at "
+                    "threshold 0.9, the rule speculative decoding reproduces) and write "
+                    "{id, messages} rows into shards in --out, which --data reads back. "
+                    "Resumable (finished ids are skipped) and data-parallel under torchrun.")
+    add_model_flags(distill)
+    names = {"distill": add_dataclass_flags(distill, DistillConfig)}
+    names["distill decode"] = add_dataclass_flags(distill, DecodeConfig,
+                                                  skip=("stop_token_ids",), base=DISTILL_DECODE)
+    return names
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:
@@ -365,6 +416,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
 
     fields.update(add_eval_parsers(commands))
     fields["serve"] = add_serve_parser(commands)
+    fields.update(add_distill_parser(commands))
     add_export_parser(commands)
 
     demo = commands.add_parser("demo", help="solve held-out problems with several modes")
@@ -398,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_demo(args)
         if args.command == "export":
             return cmd_export(args)
+        if args.command == "distill":
+            return cmd_distill(args, fields["distill"], fields["distill decode"])
         if args.command == "serve":
             return cmd_serve(args, fields["serve"])
         if args.command == "train" and args.target == "backbone":

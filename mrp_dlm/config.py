@@ -264,7 +264,9 @@ class TrainConfig:
     preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, sdar-4b or sdar-8b
     init_from: str | None = None  # checkpoint dir to train instead of a preset (with its tokenizer)
     block_size: int = 16  # L, diffusion block size the model is trained for
-    tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from
+    tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from (without --data)
+    data: str | None = None  # training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets folders and task:NAME, each with an optional @WEIGHT (copies per epoch); None: the --tasks
+    skip_bad_rows: bool = False  # skip and count data rows that are not conversations instead of failing on the first
     train_examples: int = 50000  # training examples drawn from each task
     seq_len: int = 256  # tokens per packed row, a multiple of block_size
     batch_size: int = 16  # packed rows per optimizer step
@@ -293,7 +295,7 @@ class TrainConfig:
         if self.seq_len % self.block_size:
             raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of block_size "
                              f"({self.block_size})")
-        if not self.task_names:
+        if self.data is None and not self.task_names:
             raise ValueError("tasks must name at least one task")
         check_optimiser_fields(self)
         check_at_least_one(self, ("vocab_size",))
@@ -301,6 +303,34 @@ class TrainConfig:
     @property
     def task_names(self) -> tuple[str, ...]:
         return tuple(name.strip() for name in self.tasks.split(",") if name.strip())
+
+
+DISTILL_FORMATS = ("jsonl", "parquet")  # output shard formats of `mrp distill`
+# What `mrp distill` decodes with unless told: the rule speculative decoding reproduces.
+DISTILL_DECODE = DecodeConfig(mode="dynamic", threshold=0.9)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """`mrp distill`: the backbone's own answers to prompts, sharded, resumable, seeded."""
+
+    prompts: str  # prompts in the --data syntax: chat files (the turns before the last assistant turn), globs, datasets folders, task:NAME (its train split, --limit problems)
+    out: str  # output folder of shards: {"id", "messages"} rows, the prompt's turns and the backbone's answer
+    batch_size: int = 16  # prompts decoded together by each process
+    shard_rows: int = 10000  # rows per output shard file
+    output_format: str = "jsonl"  # jsonl (append-only, a row per finished prompt) or parquet (needs pyarrow; a shard written whole)
+    limit: int | None = None  # the first N prompts of each source; None: all (a task source needs it)
+    skip_bad_rows: bool = False  # skip and count prompt rows that are not conversations instead of failing on the first
+
+    def __post_init__(self) -> None:
+        if not self.prompts or not self.out:
+            raise ValueError("prompts and out must name a source and a folder")
+        check_at_least_one(self, ("batch_size", "shard_rows"))
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.output_format not in DISTILL_FORMATS:
+            raise ValueError(f"unknown output_format {self.output_format!r}; choose one of "
+                             f"{', '.join(DISTILL_FORMATS)}")
 
 
 REVEAL_RULES = ("static", "dynamic", "random")
@@ -322,9 +352,15 @@ class HeadTrainConfig:
     init_from: str | None = None  # head dir whose weights start a fresh run (same head_layers); None: a seeded init
     reveal_max: int = 1  # reveals per block per step, drawn uniformly from 1..reveal_max
     block_size: int | None = None  # L; None means the model's
-    tasks: str = "arith,arith-code"  # comma-separated task names the data comes from
+    tasks: str = "arith,arith-code"  # comma-separated task names the data comes from (without --data)
+    data: str | None = None  # training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets folders and task:NAME, each with an optional @WEIGHT (copies per epoch); None: the --tasks
+    eval_data: str | None = None  # held-out data in the --data syntax; None: the held-out split of --data (a task's test split)
+    held_out_frac: float = 0.02  # share of --data's file rows (by a hash of each row's id) kept out of training as the held-out split, without --eval-data
+    skip_bad_rows: bool = False  # skip and count data rows that are not conversations instead of failing on the first
     train_examples: int = 50000  # training examples drawn from each task
-    eval_examples: int = 128  # held-out test-split examples per task for the metrics
+    eval_examples: int = 128  # held-out examples per source (a task's test split) for the metrics
+    eval_prompts: int = 16  # held-out prompts decoded speculatively at each evaluation (accepted drafts per round at --threshold and --lookahead); 0: none
+    eval_new_tokens: int = 64  # tokens generated per held-out prompt for the acceptance metric
     seq_len: int = 256  # tokens per packed row, a multiple of the block size
     batch_size: int = 16  # packed rows per optimizer step, over all processes
     steps: int = 2000  # optimizer steps
@@ -346,7 +382,7 @@ class HeadTrainConfig:
         if self.model == "" or not self.out:
             raise ValueError("model and out must name directories")
         check_at_least_one(self, ("head_layers", "lookahead", "reveal_max", "train_examples",
-                                  "eval_examples", "seq_len", "batch_size", "steps", "eval_every",
+                                  "eval_examples", "eval_new_tokens", "seq_len", "batch_size", "steps", "eval_every",
                                   "log_every", "save_every"))
         if self.reveal_rule not in REVEAL_RULES:
             raise ValueError(f"unknown reveal_rule {self.reveal_rule!r}; choose one of "
@@ -354,10 +390,13 @@ class HeadTrainConfig:
         if self.block_size is not None and (self.block_size < 1 or self.seq_len % self.block_size):
             raise ValueError(f"block_size ({self.block_size}) must be >= 1 and divide seq_len "
                              f"({self.seq_len})")
-        if not self.task_names:
+        if self.data is None and not self.task_names:
             raise ValueError("tasks must name at least one task")
         if self.init_std <= 0:
             raise ValueError(f"init_std must be > 0, got {self.init_std}")
+        if not 0.0 <= self.held_out_frac < 1.0 or self.eval_prompts < 0:
+            raise ValueError(f"held_out_frac must be in [0, 1) and eval_prompts >= 0, got "
+                             f"{self.held_out_frac} and {self.eval_prompts}")
         if not 0 < self.threshold <= 1 or self.commit_weight < 0 or self.burn_in_max < 0:
             raise ValueError(f"threshold must be in (0, 1], commit_weight and burn_in_max "
                              f">= 0, got {self.threshold}, {self.commit_weight} and "

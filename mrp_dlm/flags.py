@@ -35,8 +35,10 @@ def scalar_type(annotation: str) -> type | None:
 
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
-                        skip: tuple[str, ...] = ()) -> list[str]:
-    """Add a flag per supported field of cls; return the field names added."""
+                        skip: tuple[str, ...] = (), base: object | None = None) -> list[str]:
+    """Add a flag per supported field of cls; return the field names added. `base`, an
+    instance of cls, supplies the defaults shown (a command whose defaults differ, built
+    with `build_dataclass(..., base=base)`)."""
     comments = field_comments(cls)
     added = []
     for spec in dataclasses.fields(cls):
@@ -44,6 +46,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
         if spec.name in skip or not spec.init or kind is None:
             continue
         default = spec.default if spec.default is not dataclasses.MISSING else None
+        if base is not None:
+            default = getattr(base, spec.name)
         help_text = f"{comments.get(spec.name, '')} (default: {default})"
         flag = "--" + spec.name.replace("_", "-")
         if kind is bool:
@@ -57,7 +61,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
     return added
 
 
-def build_dataclass(cls: type, args: argparse.Namespace, names: list[str]):
-    """cls from the parsed flags that the user gave; the rest take their defaults."""
+def build_dataclass(cls: type, args: argparse.Namespace, names: list[str],
+                    base: object | None = None):
+    """cls from the parsed flags that the user gave; the rest take their defaults (those of
+    `base`, an instance of cls, when given)."""
     given = {name: getattr(args, name) for name in names if hasattr(args, name)}
-    return cls(**given)
+    return cls(**given) if base is None else dataclasses.replace(base, **given)

@@ -100,7 +100,10 @@ class Pipeline:
         return self.tokenizer.encode(self.tokenizer.render_chat(prompt) if chat else prompt)
 
     def generate(self, prompts: list[str], config: DecodeConfig, chat: bool = False) -> GenerateOutput:
-        ids = [self.encode(prompt, chat) for prompt in prompts]
-        result = generate(self.model, ids, config, self.decoder(config))
+        return self.generate_ids([self.encode(prompt, chat) for prompt in prompts], config)
+
+    def generate_ids(self, prompts: list[list[int]], config: DecodeConfig) -> GenerateOutput:
+        """Decode already tokenized prompts (a rendered conversation, say)."""
+        result = generate(self.model, prompts, config, self.decoder(config))
         texts = [self.tokenizer.decode(row) for row in result.token_ids]
         return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats)

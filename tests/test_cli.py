@@ -298,9 +298,9 @@ def test_train_backbone_smoke(tmp_path, capsys, caplog):
     assert (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file()
     assert err.startswith(f"mrp train backbone: preset tiny, 2 steps, into {out_dir}; loading "
                           "torch\n")
-    phases = ["generating 40 problems per task (arith, arith-code)",
-              "training a 300-token tokenizer on 160 texts",
-              "tokenizing and packing 80 samples into rows of 128 tokens"]
+    phases = ["training a 300-token tokenizer on 160 texts",
+              "reading, tokenizing and packing 40 problems per task (arith, arith-code) into "
+              "rows of 128 tokens"]
     assert [line for line in caplog.messages if line in phases] == phases
 
 

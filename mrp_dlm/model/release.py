@@ -44,7 +44,8 @@ from safetensors import safe_open
 from mrp_dlm.config import HeadConfig
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import HeadBackbone, MRPHead
-from mrp_dlm.model.head_loading import Fingerprint, fingerprint_of, lm_head_hash, mismatch_message
+from mrp_dlm.model.head_loading import (Fingerprint, fingerprint_of, lm_head_hash,
+                                        mismatch_message, read_head_meta)
 from mrp_dlm.model.loading import (CheckpointError, config_to_hf, copy_tensors, read_config,
                                    read_json, save_tensors, weight_files, write_atomic)
 from mrp_dlm.model.tokenizer import TOKENIZER_FILES
@@ -85,6 +86,13 @@ def head_depth(raw: dict, path: Path) -> int:
         raise CheckpointError(f"{path}: num_nextn_predict_layers must be an integer >= 1, "
                               f"got {layers!r}")
     return layers
+
+
+def head_layer_count(directory: Path) -> int:
+    """Layers of the MRP head in `directory`: a release's own head or a saved head."""
+    if is_release_dir(directory):
+        return head_depth(read_json(directory / "config.json"), directory / "config.json")
+    return read_head_meta(directory)[0].num_layers
 
 
 def backbone_config(raw: dict, directory: Path) -> dict:

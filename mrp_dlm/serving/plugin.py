@@ -133,7 +133,7 @@ def head_cell_size_hook(result, configurator, kvc, *args, **kwargs):
     """After SGLang's KV bytes per token: plus the MRP head's (its pool has a row per slot)."""
     from sglang.srt.runtime_context import get_exec
 
-    from mrp_dlm.model.head_loading import read_head_meta
+    from mrp_dlm.model.release import head_layer_count
     from mrp_dlm.serving.config import load_serving_config
     from mrp_dlm.serving.head_pool import head_bytes_per_token
 
@@ -143,10 +143,10 @@ def head_cell_size_hook(result, configurator, kvc, *args, **kwargs):
     directory = load_serving_config(dllm.dllm_algorithm_config).head_directory()
     if directory is None:  # MrpSpeculative without a head: no head pool
         return result
-    head_config, _ = read_head_meta(directory)
+    # The head directory is a saved head or a release (whose config is the backbone's).
+    layers = head_layer_count(directory)
     model = kvc.model_config
-    extra = head_bytes_per_token(head_config.num_layers, model.get_num_kv_heads(1),
-                                 model.head_dim, model.dtype)
+    extra = head_bytes_per_token(layers, model.get_num_kv_heads(1), model.head_dim, model.dtype)
     log.info("KV bytes per token: %d for the backbone + %d for the MRP head's %d layers",
-             result, extra, head_config.num_layers)
+             result, extra, layers)
     return result + extra

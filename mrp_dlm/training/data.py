@@ -67,7 +67,8 @@ class Sample:
     """One tokenized (prompt, response) pair."""
 
     ids: torch.Tensor  # (S,) int64, prompt + response + <|im_end|> + pads, S a multiple of L
-    prompt_length: int  # tokens before the response; these are never masked
+    prompt_length: int  # tokens before the (first) response; these are never masked
+    response_mask: torch.Tensor | None = None  # (S,) bool response tokens of a conversation with several assistant turns; None: every token from prompt_length
 
 
 def encode_samples(prompts: Sequence[str], responses: Sequence[str], tokenizer: TextTokenizer,
@@ -156,6 +157,13 @@ class PackedBatch:
         return int((self.segment_ids >= 0).sum())
 
 
+def response_of(sample: Sample) -> torch.Tensor:
+    """(S,) bool: the sample's response tokens (the labels)."""
+    if sample.response_mask is not None:
+        return sample.response_mask
+    return torch.arange(len(sample.ids)) >= sample.prompt_length
+
+
 def build_row(samples: Sequence[Sample], seq_len: int, pad_id: int) -> tuple[torch.Tensor, ...]:
     """(ids, positions, segment_ids, response), each (T,), for one row of whole samples."""
     lengths = [len(sample.ids) for sample in samples]
@@ -165,7 +173,7 @@ def build_row(samples: Sequence[Sample], seq_len: int, pad_id: int) -> tuple[tor
                           + [torch.zeros(filler, dtype=torch.int64)])  # (T,)
     segments = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]
                          + [torch.full((filler,), -1)])  # (T,)
-    response = torch.cat([torch.arange(n) >= s.prompt_length for s, n in zip(samples, lengths)]
+    response = torch.cat([response_of(s) for s in samples]
                          + [torch.zeros(filler, dtype=torch.bool)])  # (T,)
     return ids, positions, segments, response
 
@@ -176,28 +184,61 @@ def collate_rows(samples: Sequence[Sample], rows: Sequence[Sequence[int]], seq_l
     return PackedBatch(*(torch.stack(parts) for parts in zip(*built)))  # each (B, T)
 
 
+@dataclass(frozen=True)
+class SampleGroup:
+    """A contiguous range of sample indices (one data source) and its share of an epoch."""
+
+    start: int  # first sample index
+    stop: int  # one past the last
+    weight: float  # copies per epoch: 2 takes every sample twice, 0.5 a seeded half
+
+
+def epoch_order(groups: Sequence[SampleGroup], seed: int, epoch: int) -> list[int]:
+    """Sample indices of epoch `epoch`, shuffled: each group's samples floor(w) times plus a
+    seeded (w - floor(w)) share of them; a pure function of its arguments."""
+    picks: list[int] = []
+    for number, group in enumerate(groups):
+        size = group.stop - group.start
+        whole, part = divmod(group.weight, 1.0)
+        picks += list(range(group.start, group.stop)) * int(whole)
+        if part:
+            generator = torch.Generator().manual_seed(derive_seed(seed, f"mix{number}", epoch))
+            chosen = torch.randperm(size, generator=generator)[:round(part * size)]  # (n,)
+            picks += (chosen + group.start).tolist()
+    generator = torch.Generator().manual_seed(derive_seed(seed, "epoch", epoch))
+    return [picks[i] for i in torch.randperm(len(picks), generator=generator).tolist()]
+
+
 class BatchSchedule:
-    """The batch of any step, as a pure function of (samples, seed, step)."""
+    """The batch of any step, as a pure function of (samples, seed, step).
+
+    `samples` is any indexable sequence: a list, or a store that reads and encodes each
+    sample when a batch needs it (data larger than memory); packing needs only `lengths`.
+    """
 
     def __init__(self, samples: Sequence[Sample], seq_len: int, batch_size: int, seed: int,
-                 pad_id: int) -> None:
-        kept = [s for s in samples if len(s.ids) <= seq_len]
-        if len(kept) < len(samples):
-            log.warning("dropped %d of %d samples longer than seq_len=%d",
-                        len(samples) - len(kept), len(samples), seq_len)
-        self.samples, self.seq_len, self.batch_size = kept, seq_len, batch_size
-        self.seed, self.pad_id = seed, pad_id
-        self.lengths = [len(s.ids) for s in kept]
+                 pad_id: int, lengths: Sequence[int] | None = None,
+                 groups: Sequence[SampleGroup] | None = None) -> None:
+        if lengths is None:
+            kept = [s for s in samples if len(s.ids) <= seq_len]
+            if len(kept) < len(samples):
+                log.warning("dropped %d of %d samples longer than seq_len=%d",
+                            len(samples) - len(kept), len(samples), seq_len)
+            samples, lengths = kept, [len(s.ids) for s in kept]
+        if max(lengths, default=0) > seq_len:
+            raise ValueError(f"a sample is longer than seq_len={seq_len}")
+        self.samples, self.seq_len, self.batch_size = samples, seq_len, batch_size
+        self.seed, self.pad_id, self.lengths = seed, pad_id, lengths
+        self.groups = groups or [SampleGroup(0, len(samples), 1.0)]
         self.batches_per_epoch: list[int] = []
         self.cache: OrderedDict[int, list[list[int]]] = OrderedDict()
         if self.epoch_batches(0) == 0:
-            raise ValueError(f"{len(kept)} samples fill fewer than batch_size={batch_size} "
+            raise ValueError(f"{len(samples)} samples fill fewer than batch_size={batch_size} "
                              f"rows of {seq_len} tokens; add train_examples or lower batch_size")
 
     def epoch_rows(self, epoch: int) -> list[list[int]]:
         if epoch not in self.cache:
-            generator = torch.Generator().manual_seed(derive_seed(self.seed, "epoch", epoch))
-            order = torch.randperm(len(self.samples), generator=generator).tolist()
+            order = epoch_order(self.groups, self.seed, epoch)
             self.cache[epoch] = pack_rows(self.lengths, order, self.seq_len)
             while len(self.cache) > CACHED_EPOCHS:
                 self.cache.popitem(last=False)
@@ -221,4 +262,4 @@ class BatchSchedule:
     def fill_fraction(self, epoch: int = 0) -> float:
         """Share of row slots that hold sample tokens (the rest is filler)."""
         rows = self.epoch_rows(epoch)
-        return sum(self.lengths) / (len(rows) * self.seq_len)
+        return sum(self.lengths[i] for row in rows for i in row) / (len(rows) * self.seq_len)

@@ -44,22 +44,26 @@ from mrp_dlm.model.head_loading import load_head, save_head
 from mrp_dlm.model.loading import SINGLE_FILE, embedded_model_dir, load_backbone
 from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
 from mrp_dlm.training import loop
-from mrp_dlm.training.data import (BatchSchedule, PackedBatch, SpecialIds, chat_samples,
-                                   derive_seed, find_special_ids, task_texts)
+from mrp_dlm.training.conversations import ChatEncoder
+from mrp_dlm.training.data import (BatchSchedule, PackedBatch, Sample, SpecialIds, derive_seed,
+                                   find_special_ids)
 from mrp_dlm.training.distributed import (World, all_sum, finish_together, join_world,
                                           leave_world, shard_record, shard_rows, wrap_module)
 from mrp_dlm.training.head_batch import encode_batch
+from mrp_dlm.training.head_acceptance import measure_acceptance, prompt_ids
 from mrp_dlm.training.head_eval import HeldOutBatch, build_held_out, evaluate_head
 from mrp_dlm.training.head_loss import (RevealPlan, advance_blocks, chain_loss, chain_steps,
                                         draw_reveals)
 from mrp_dlm.training.noise import NoisyBatch, add_noise
+from mrp_dlm.training.sources import DataOptions, load_eval_sources, load_sources, task_spec
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 # Fields a resumed run may change: they touch neither the weights nor the data. The model
 # directory may move: the head's backbone fingerprint is checked on load instead.
-RESUME_FREE_FIELDS = loop.RESUME_FREE_FIELDS + ("model", "eval_every", "eval_examples")
+RESUME_FREE_FIELDS = loop.RESUME_FREE_FIELDS + ("model", "eval_every", "eval_examples",
+                                                 "eval_data", "eval_prompts", "eval_new_tokens")
 
 
 @dataclass(frozen=True)
@@ -167,24 +171,34 @@ def start_head_run(config: HeadTrainConfig, world: World, backbone: Backbone,
     return run, progress
 
 
+@dataclass(frozen=True)
+class RunData:
+    """The training schedule and the held-out set of a run."""
+
+    schedule: BatchSchedule  # global batches of any step
+    held_out: list[HeldOutBatch]  # this process's share of the held-out rows
+    prompts: list[list[int]]  # held-out prompts (token ids) for the acceptance metric
+
+
 def load_data(config: HeadTrainConfig, tokenizer: TextTokenizer, special: SpecialIds,
-              block_size: int, world: World) -> tuple[BatchSchedule, list[HeldOutBatch]]:
-    """The training schedule (global batches) and this process's share of the held-out set."""
-    log.info("generating, tokenizing and packing %d problems per task (%s)",
-             config.train_examples, ", ".join(config.task_names))
-    problems, targets = task_texts(config.task_names, config.train_examples)
-    schedule = BatchSchedule(chat_samples(problems, targets, tokenizer, block_size),
-                             config.seq_len, config.batch_size, config.seed, special.pad)
-    return schedule, load_held_out(config, tokenizer, special, block_size, world)
-
-
-def load_held_out(config: HeadTrainConfig, tokenizer: TextTokenizer, special: SpecialIds,
-                  block_size: int, world: World) -> list[HeldOutBatch]:
-    """This process's share of the first `config.eval_examples` test problems per task."""
-    log.info("held-out set: %d test problems per task", config.eval_examples)
-    problems, targets = task_texts(config.task_names, config.eval_examples, split="test")
-    return build_held_out(chat_samples(problems, targets, tokenizer, block_size), config,
-                          special, world)
+              block_size: int, world: World) -> RunData:
+    """The training schedule (global batches) and this process's share of the held-out set:
+    --data (or the --tasks) and its held-out split, or --eval-data."""
+    log.info("reading, tokenizing and packing %s", config.data or
+             f"{config.train_examples} problems per task ({', '.join(config.task_names)})")
+    encoder = ChatEncoder(tokenizer, special, block_size)
+    options = DataOptions(config.seq_len, config.train_examples, config.eval_examples,
+                          0.0 if config.eval_data else config.held_out_frac,
+                          config.skip_bad_rows)
+    data = load_sources(config.data or task_spec(config.task_names), encoder, options)
+    schedule = BatchSchedule(data.store, config.seq_len, config.batch_size, config.seed,
+                             special.pad, data.store.lengths, data.store.groups)
+    held_out: list[Sample] = data.held_out
+    if config.eval_data:
+        held_out = load_eval_sources(config.eval_data, encoder, options)
+    log.info("held-out set: %d samples", len(held_out))
+    return RunData(schedule, build_held_out(held_out, config, special, world),
+                   prompt_ids(held_out, config.eval_prompts))
 
 
 def draw_step(config: HeadTrainConfig, schedule: BatchSchedule, step: int, mask_token_id: int,
@@ -245,25 +259,31 @@ def autocast_context(run: HeadRun) -> torch.autocast:
                           dtype=run.precision or torch.bfloat16, enabled=run.precision is not None)
 
 
-def save_head_checkpoint(run: HeadRun, progress: loop.Progress, history: list[dict]) -> None:
+def save_head_checkpoint(run: HeadRun, progress: loop.Progress, history: list[dict],
+                         metrics: list[dict]) -> None:
     """Head weights first, then the state that names their hash (see `loop.save_train_state`)."""
     save_head(run.head, run.backbone, run.out, run.config.block_size)
     loop.save_train_state(run.out, run.optimizer, progress, run.config)
     if history:
+        acceptance = [(r["step"], r["acceptance"]["accepted_per_round"]) for r in metrics
+                      if "acceptance" in r]
         loop.write_loss_curve(run.out / loop.CURVE_FILE, history,
-                              ylabel="loss (KL / p per response token)", title="MRP head training")
+                              ylabel="loss (KL / p per response token)", title="MRP head training",
+                              acceptance=acceptance)
     log.info("saved step %d to %s", progress.step, run.out)
 
 
-def run_evaluation(run: HeadRun, held_out: list[HeldOutBatch], step: int,
-                   metrics: list[dict]) -> dict:
-    """Held-out metrics now; rank 0 appends them to metrics.jsonl."""
+def run_evaluation(run: HeadRun, data: RunData, step: int, metrics: list[dict]) -> dict:
+    """Held-out metrics and speculative acceptance now; rank 0 appends them to metrics.jsonl."""
     started = time.perf_counter()
     run.head.eval()
     with autocast_context(run):
-        by_rule = evaluate_head(run.head, run.backbone, held_out, run.config.lookahead,
+        by_rule = evaluate_head(run.head, run.backbone, data.held_out, run.config.lookahead,
                                 run.world)
         result = {**by_rule["static"], "random_reveal": by_rule["random"]}
+        if data.prompts:
+            result["acceptance"] = measure_acceptance(run.head, run.backbone, data.prompts,
+                                                      run.config, run.world)
     run.head.train()
     record = {"step": step, **result, "seconds": round(time.perf_counter() - started, 3)}
     if run.world.is_main:
@@ -295,21 +315,21 @@ def run_training(config: HeadTrainConfig, world: World) -> Path:
     backbone = load_frozen_backbone(config, precision or torch.float32, world.device)
     tokenizer, special = model_tokenizer(config, backbone)
     L = backbone.config.block_size
-    schedule, held_out = load_data(config, tokenizer, special, L, world)
+    data = load_data(config, tokenizer, special, L, world)
     if world.is_main:
         Path(config.out).mkdir(parents=True, exist_ok=True)
     run, progress = start_head_run(config, world, backbone, precision)
     history = loop.read_history(run.out, progress.step) if world.is_main else []
     metrics = loop.read_history(run.out, progress.step, METRICS_FILE) if world.is_main else []
     log.info("%d samples, %d held-out rows, head %.2fM parameters, start at step %d of %d",
-             len(schedule.samples), sum(h.batch.input_ids.shape[0] for h in held_out),
+             len(data.schedule.samples), sum(h.batch.input_ids.shape[0] for h in data.held_out),
              sum(p.numel() for p in run.head.parameters()) / 1e6, progress.step, config.steps)
     window = loop.LogWindow()
     bar = tqdm(range(progress.step, config.steps), initial=progress.step, total=config.steps,
                desc="train head", unit="step", mininterval=1.0, disable=not world.is_main)
     for step in bar:
         started = time.perf_counter()
-        inputs = draw_step(config, schedule, step, special.mask, L, world)
+        inputs = draw_step(config, data.schedule, step, special.mask, L, world)
         loss, grad_norm = train_step(run, inputs, step)
         seconds = time.perf_counter() - started
         progress = loop.Progress(step + 1, progress.elapsed + seconds,
@@ -323,10 +343,10 @@ def run_training(config: HeadTrainConfig, world: World) -> Path:
             bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
             window = loop.LogWindow()
         if progress.step % config.eval_every == 0 or done:
-            result = run_evaluation(run, held_out, progress.step, metrics)
-            bar.set_postfix(kl=f"{result['kl_residual'][0]:.4f}",
-                            pick=f"{result['pick_agreement'][0]:.3f}")
+            result = run_evaluation(run, data, progress.step, metrics)
+            accepted = result.get("acceptance", {}).get("accepted_per_round", 0.0)
+            bar.set_postfix(kl=f"{result['kl_residual'][0]:.4f}", accepted=f"{accepted:.3f}")
         if world.is_main and (progress.step % config.save_every == 0 or done):
-            save_head_checkpoint(run, progress, history)
+            save_head_checkpoint(run, progress, history, metrics)
     bar.close()
     return run.out

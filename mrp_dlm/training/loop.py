@@ -22,7 +22,8 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,10 +34,11 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 from mrp_dlm.model.loading import load_backbone, save_backbone, weight_files, write_atomic
 from mrp_dlm.model.tokenizer import TOKENIZER_FILES, TextTokenizer, load_tokenizer
-from mrp_dlm.training.data import (BatchSchedule, PackedBatch, chat_samples, derive_seed,
-                                   find_special_ids, task_texts)
+from mrp_dlm.training.conversations import ChatEncoder
+from mrp_dlm.training.data import BatchSchedule, PackedBatch, derive_seed, find_special_ids
 from mrp_dlm.training.losses import block_diffusion_loss
 from mrp_dlm.training.noise import add_noise
+from mrp_dlm.training.sources import DataOptions, first_texts, load_sources, task_spec
 from mrp_dlm.training.tokenizer import save_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -110,17 +112,19 @@ def init_weights(model: Backbone, seed: int) -> None:
             param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
-def prepare_tokenizer(config: TrainConfig, out: Path, texts: list[str],
+def prepare_tokenizer(config: TrainConfig, out: Path, texts: Callable[[], list[str]],
                       fresh: bool) -> TextTokenizer:
-    """The run's tokenizer in `out`; a fresh run first writes init_from's or a new one there."""
+    """The run's tokenizer in `out`; a fresh run first writes init_from's or a new one
+    there, trained on `texts()`."""
     if fresh:
         if config.init_from is not None:
             for name in TOKENIZER_FILES:
                 if (Path(config.init_from) / name).is_file():
                     shutil.copy2(Path(config.init_from) / name, out / name)
         else:
-            log.info("training a %d-token tokenizer on %d texts", config.vocab_size, len(texts))
-            save_tokenizer(train_tokenizer(texts, config.vocab_size), out)
+            corpus = texts()
+            log.info("training a %d-token tokenizer on %d texts", config.vocab_size, len(corpus))
+            save_tokenizer(train_tokenizer(corpus, config.vocab_size), out)
     tokenizer = load_tokenizer(out)
     if tokenizer is None or tokenizer.chat_template is None:
         raise ValueError(f"{out} has no tokenizer with a chat template")
@@ -194,7 +198,10 @@ def fingerprint_weights(out: Path) -> str:
 
 def write_loss_curve(path: Path, history: list[dict],
                      ylabel: str = "loss (CE / p per response token)",
-                     title: str = "SDAR block-diffusion training") -> None:
+                     title: str = "SDAR block-diffusion training",
+                     acceptance: list[tuple[int, float]] = ()) -> None:
+    """The loss over steps; with `acceptance` ((step, accepted drafts per round) pairs),
+    that too, on a second axis."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy import, only here
     from matplotlib.figure import Figure
 
@@ -204,6 +211,10 @@ def write_loss_curve(path: Path, history: list[dict],
     axes.plot([r["step"] for r in history], [r["loss"] for r in history], linewidth=1)
     axes.set(xlabel="step", ylabel=ylabel, title=title)
     axes.grid(True, alpha=0.3)
+    if acceptance:
+        right = axes.twinx()
+        right.plot(*zip(*acceptance), color="tab:orange", marker="o", linewidth=1)
+        right.set_ylabel("accepted drafts per round (held out)", color="tab:orange")
     write_atomic(path, lambda tmp: figure.savefig(tmp, format="png"))
 
 
@@ -228,7 +239,18 @@ def save_train_state(out: Path, optimizer: torch.optim.Optimizer, progress: Prog
     write_atomic(out / CONFIG_FILE, lambda tmp: tmp.write_text(config_text))
 
 
+def patch_missing_fields(saved: dict, config) -> dict:
+    """A saved config with the fields added since it was written at their defaults (the
+    one back-compat patch: such a run trained with what the default now does)."""
+    missing = {f.name: f.default for f in fields(config)
+               if f.name not in saved and f.default is not MISSING}
+    if missing:
+        log.info("the saved run predates %s; taking their defaults", ", ".join(missing))
+    return {**missing, **saved}
+
+
 def check_resumable(saved: dict, config, free: tuple[str, ...] = RESUME_FREE_FIELDS) -> None:
+    saved = patch_missing_fields(saved, config)
     changed = [f"{f.name}: {saved.get(f.name)!r} -> {getattr(config, f.name)!r}"
                for f in fields(config)
                if f.name not in free and saved.get(f.name) != getattr(config, f.name)]
@@ -286,7 +308,7 @@ def is_resuming(out: Path, resume: bool) -> bool:
     return resume and has_state
 
 
-def start_run(config: TrainConfig, out: Path, texts: list[str]
+def start_run(config: TrainConfig, out: Path, texts: Callable[[], list[str]]
               ) -> tuple[TextTokenizer, Backbone, torch.optim.Optimizer, Progress]:
     """Tokenizer, model, optimizer and progress of a fresh or resumed run."""
     resuming = is_resuming(out, config.resume)
@@ -305,15 +327,18 @@ def train_backbone(config: TrainConfig) -> Path:
     resolve_device(config.device)  # fail before anything is written
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    log.info("generating %d problems per task (%s)", config.train_examples,
-             ", ".join(config.task_names))
-    problems, targets = task_texts(config.task_names, config.train_examples)
-    tokenizer, model, optimizer, progress = start_run(config, out, problems + targets)
-    log.info("tokenizing and packing %d samples into rows of %d tokens", len(problems),
+    spec = config.data or task_spec(config.task_names)
+    tokenizer, model, optimizer, progress = start_run(
+        config, out, lambda: first_texts(spec, config.train_examples))
+    log.info("reading, tokenizing and packing %s into rows of %d tokens", config.data or
+             f"{config.train_examples} problems per task ({', '.join(config.task_names)})",
              config.seq_len)
-    samples = chat_samples(problems, targets, tokenizer, model.config.block_size)
-    schedule = BatchSchedule(samples, config.seq_len, config.batch_size, config.seed,
-                             find_special_ids(tokenizer).pad)
+    special = find_special_ids(tokenizer)
+    options = DataOptions(config.seq_len, config.train_examples, 0, 0.0, config.skip_bad_rows)
+    store = load_sources(spec, ChatEncoder(tokenizer, special, model.config.block_size),
+                         options).store
+    schedule = BatchSchedule(store, config.seq_len, config.batch_size, config.seed,
+                             special.pad, store.lengths, store.groups)
     history = read_history(out, progress.step)
     precision = autocast_dtype(config)
     log.info("%d samples, rows %.0f%% full, %.1fM parameters, start at step %d of %d",

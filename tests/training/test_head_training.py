@@ -417,24 +417,82 @@ def test_two_process_ddp_matches_one_process(model_dir, tmp_path):
     Tolerance: logged losses rel 1e-5, weights abs 1e-5 after 3 AdamW steps at lr 3e-3 (the
     two runs differ only in float summation order: padding width and gradient all-reduce).
     """
-    config = run_config(model_dir, tmp_path / "one", steps=3, log_every=1, eval_every=3,
-                        lookahead=2)
+    one, two = one_and_two_processes(run_config(model_dir, tmp_path / "one", steps=3,
+                                                log_every=1, eval_every=3, lookahead=2))
+    assert one["positions"] == two["positions"]
+    assert two["kl_residual"] == pytest.approx(one["kl_residual"], rel=1e-4)
+    assert two["random_reveal"]["kl_residual"] == pytest.approx(
+        one["random_reveal"]["kl_residual"], rel=1e-4)  # reveal keys are per row, not per rank
+
+
+def one_and_two_processes(config: HeadTrainConfig) -> tuple[dict, dict]:
+    """Train `config` in 1 process and in 2 gloo processes; check that the losses and the
+    weights agree and return the last metrics of each."""
     single = head_loop.train_head(config)
-    double = dataclasses.replace(config, out=str(tmp_path / "two"))
+    double = dataclasses.replace(config, out=str(Path(config.out).parent / "two"))
     mp.spawn(ddp_worker, args=(2, free_port(), double), nprocs=2, join=True)
     double_out = Path(double.out)
     logs = [read_jsonl(out / "train_log.jsonl") for out in (single, double_out)]
     for a, b in zip(*logs):
         assert a["step"] == b["step"] and b["loss"] == pytest.approx(a["loss"], rel=1e-5)
-    one, two = (read_jsonl(out / "metrics.jsonl")[-1] for out in (single, double_out))
-    assert one["positions"] == two["positions"]
-    assert two["kl_residual"] == pytest.approx(one["kl_residual"], rel=1e-4)
-    assert two["random_reveal"]["kl_residual"] == pytest.approx(
-        one["random_reveal"]["kl_residual"], rel=1e-4)  # reveal keys are per row, not per rank
     expected, actual = (load_file(str(out / "model.safetensors")) for out in (single, double_out))
     for name in expected:
         diff = (expected[name] - actual[name]).abs().max().item()
         assert diff < 1e-5, f"{name}: max diff {diff:.2e} (tolerance 1e-5)"
+    one, two = (read_jsonl(out / "metrics.jsonl")[-1] for out in (single, double_out))
+    return one, two
+
+
+def chat_files(directory: Path) -> str:
+    """Arithmetic problems as two chat JSONL files (messages, and prompt/response), a glob."""
+    directory.mkdir(parents=True, exist_ok=True)
+    problems, targets = task_texts(("arith",), 40)
+    for part in range(2):
+        rows = [{"id": f"{part}-{i}", "messages": [{"role": "user", "content": problem},
+                                                  {"role": "assistant", "content": target}]}
+                if part else {"id": f"{part}-{i}", "prompt": problem, "response": target}
+                for i, (problem, target) in enumerate(zip(problems[part::2], targets[part::2]))]
+        (directory / f"chats-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(directory / "chats-*.jsonl")
+
+
+@pytest.mark.exact_arithmetic
+def test_resume_from_files_gives_identical_weights(model_dir, tmp_path, monkeypatch):
+    """--data read from disk batch by batch: a killed and resumed run equals a straight one;
+    the held-out split's acceptance is logged."""
+    config = run_config(model_dir, tmp_path / "straight", data=chat_files(tmp_path / "data"),
+                        held_out_frac=0.1, eval_prompts=2, eval_new_tokens=8, lookahead=2)
+    straight = head_loop.train_head(config)
+    acceptance = read_jsonl(straight / "metrics.jsonl")[-1]["acceptance"]
+    assert acceptance["prompts"] == 2 and acceptance["rounds"] > 0
+    assert 0 <= acceptance["accepted_per_round"] <= 2 and acceptance["lookahead"] == 2
+    real_step = head_loop.train_step
+
+    def dying_step(run, inputs, step):
+        if step == 5:
+            raise Killed
+        return real_step(run, inputs, step)
+
+    interrupted = dataclasses.replace(config, out=str(tmp_path / "resumed"), save_every=4)
+    monkeypatch.setattr(head_loop, "train_step", dying_step)
+    with pytest.raises(Killed):
+        head_loop.train_head(interrupted)
+    monkeypatch.setattr(head_loop, "train_step", real_step)
+    resumed = head_loop.train_head(dataclasses.replace(interrupted, resume=True))
+    expected, actual = (load_file(str(out / "model.safetensors")) for out in (straight, resumed))
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+
+@pytest.mark.exact_arithmetic
+def test_two_process_ddp_on_files_matches_one_process(model_dir, tmp_path):
+    """As the test above it, on --data files and with the acceptance metric split over ranks."""
+    one, two = one_and_two_processes(run_config(
+        model_dir, tmp_path / "one", steps=2, log_every=1, eval_every=2,
+        data=chat_files(tmp_path / "data"), held_out_frac=0.1, eval_prompts=3,
+        eval_new_tokens=8))
+    for key in ("accepted_per_round", "rounds", "prompts"):  # tokens per forward counts the
+        assert one["acceptance"][key] == two["acceptance"][key]  # batch's rows: not compared
 
 
 def test_evaluation_rejects_an_unknown_reveal_rule():
