@@ -22,12 +22,14 @@ Shapes: L block size, H hidden, V vocab.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
+from mrp_dlm.decoding.step import BackboneStep, BlockRows, Step
 from mrp_dlm.serving.config import MrpServingConfig, ServingConfigError
 from mrp_dlm.serving.head_pool import HeadContext, HeadPool, block_slots, request_context
 from mrp_dlm.serving.verify_batch import check_sglang_version
@@ -131,6 +133,43 @@ def sampling_refusal(algorithm: str, params: Any) -> Optional[str]:
 def no_fdfo_message(name: str) -> str:
     return (f"{name} runs with first-done-first-out scheduling only (SGLang's default); "
             "remove --no-dllm-fdfo")
+
+
+@dataclass(frozen=True)
+class OneStep:
+    """One forward of every request's block, as MrpDirect and MrpRemask run it: the step
+    the library's decoder would take on it, and what the round returns to SGLang."""
+
+    out: Any  # the model runner's output
+    step: Step  # the block, its open positions and the backbone's logits and hidden states
+    prompt: torch.Tensor  # (B, L) bool, prompt positions (never revealed)
+    done: list[bool]  # per request: the forward saw its block without masks (its KV is clean)
+
+    @classmethod
+    def run(cls, model_runner: Any, forward_batch: Any, algo_states: Any, block_size: int,
+            mask_token_id: int) -> "OneStep":
+        B, L = forward_batch.batch_size, block_size
+        block = forward_batch.input_ids.view(B, L).clone()  # (B, L)
+        algo_states = algo_states or [None] * B
+        fresh = prompt_mask_of(forward_batch, L, mask_token_id)  # (B, L)
+        prompt = torch.stack([fresh[i] if s is None else s for i, s in enumerate(algo_states)])
+        out, logits, hidden = run_rows(model_runner, forward_batch, L)
+        eligible = (block == mask_token_id) & ~prompt  # (B, L)
+        positions = forward_batch.positions.view(B, L).long()  # (B, L)
+        step = Step(index=0, quota=1, rows=BlockRows(block, eligible, positions),
+                    base=BackboneStep(hidden, logits))
+        return cls(out, step, prompt, (~eligible.any(dim=1)).tolist())
+
+    def finish(self, forward_batch: Any, block: torch.Tensor) -> tuple:
+        """The round's answer to SGLang with the blocks (B, L) after this step (a done block
+        is kept as it was); the next round's input ids are the new blocks."""
+        L = block.shape[1]
+        done = torch.tensor(self.done, device=block.device)
+        block = torch.where(done[:, None], self.step.rows.tokens, block)  # (B, L)
+        forward_batch.input_ids.copy_(block.view(-1).to(forward_batch.input_ids.dtype))
+        return (self.out.logits_output, block.tolist(), [L if d else 0 for d in self.done],
+                [None if d else self.prompt[i] for i, d in enumerate(self.done)],
+                self.out.can_run_graph)
 
 
 def run_rows(model_runner: Any, forward_batch: Any, block_size: int

@@ -17,11 +17,8 @@ Shapes: B requests, L block size, H hidden, V vocab.
 
 from __future__ import annotations
 
-import torch
-
 from mrp_dlm.decoding.direct import direct_step
-from mrp_dlm.decoding.step import BackboneStep, BlockRows, Step
-from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.base import MrpAlgorithm, OneStep
 from mrp_dlm.serving.config import ServingConfigError
 
 
@@ -35,25 +32,14 @@ class MrpDirect(MrpAlgorithm):
 
     def run(self, model_runner, forward_batch, algo_states=None):
         host = self.model_parts(model_runner)[1]
-        B, L = forward_batch.batch_size, self.block_size
-        block = forward_batch.input_ids.view(B, L).clone()  # (B, L)
-        algo_states = algo_states or [None] * B
-        fresh = prompt_mask_of(forward_batch, L, self.mask_id)  # (B, L)
-        prompt = torch.stack([fresh[i] if s is None else s for i, s in enumerate(algo_states)])
-        out, logits, hidden = run_rows(model_runner, forward_batch, L)
-        eligible = (block == self.mask_id) & ~prompt  # (B, L)
-        done = ~eligible.any(dim=1)  # (B,)
-        done_list = done.tolist()
-        if not all(done_list):
-            positions = forward_batch.positions.view(B, L).long()
-            step = Step(index=0, quota=1, rows=BlockRows(block, eligible, positions),
-                        base=BackboneStep(hidden, logits))
-            context = self.head_context(model_runner, forward_batch, list(range(B)))
-            block = torch.where(done[:, None], block,
-                                direct_step(context, host, step, self.lookahead))
-        finished = [i for i, d in enumerate(done_list) if d]
+        one = OneStep.run(model_runner, forward_batch, algo_states, self.block_size,
+                          self.mask_id)
+        block = one.step.rows.tokens  # (B, L)
+        if not all(one.done):
+            context = self.head_context(model_runner, forward_batch,
+                                        list(range(forward_batch.batch_size)))
+            block = direct_step(context, host, one.step, self.lookahead)
+        finished = [i for i, d in enumerate(one.done) if d]
         self.store_blocks(model_runner, forward_batch, finished, block[finished],
-                          hidden[finished])
-        forward_batch.input_ids.copy_(block.view(-1).to(forward_batch.input_ids.dtype))
-        return (out.logits_output, block.tolist(), [L if d else 0 for d in done_list],
-                [None if d else prompt[i] for i, d in enumerate(done_list)], out.can_run_graph)
+                          one.step.base.hidden[finished])
+        return one.finish(forward_batch, block)

@@ -20,11 +20,8 @@ Shapes: B requests, L block size, H hidden, V vocab.
 
 from __future__ import annotations
 
-import torch
-
-from mrp_dlm.decoding.step import BackboneStep, BlockRows, Step
 from mrp_dlm.decoding.veto import veto_step
-from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.base import MrpAlgorithm, OneStep
 from mrp_dlm.serving.sampling import batch_sampling
 
 
@@ -35,23 +32,13 @@ class MrpRemask(MrpAlgorithm):
 
     def run(self, model_runner, forward_batch, algo_states=None):
         head, host = self.model_parts(model_runner)
-        B, L = forward_batch.batch_size, self.block_size
-        block = forward_batch.input_ids.view(B, L).clone()  # (B, L)
-        algo_states = algo_states or [None] * B
-        fresh = prompt_mask_of(forward_batch, L, self.mask_id)  # (B, L)
-        prompt = torch.stack([fresh[i] if s is None else s for i, s in enumerate(algo_states)])
-        out, logits, hidden = run_rows(model_runner, forward_batch, L)
-        eligible = (block == self.mask_id) & ~prompt  # (B, L)
-        done = ~eligible.any(dim=1)  # (B,)
-        done_list = done.tolist()
-        if not all(done_list):
-            positions = forward_batch.positions.view(B, L).long()  # (B, L)
-            step = Step(index=0, quota=1, rows=BlockRows(block, eligible, positions),
-                        base=BackboneStep(hidden, logits))
+        one = OneStep.run(model_runner, forward_batch, algo_states, self.block_size,
+                          self.mask_id)
+        block = one.step.rows.tokens  # (B, L)
+        if not all(one.done):
+            positions = one.step.rows.positions  # (B, L)
             veto = veto_step(lambda tokens, hidden_in: head(host, tokens, hidden_in, positions),
-                             host, step, self.rule.threshold, self.rule.remask_delta,
+                             host, one.step, self.rule.threshold, self.rule.remask_delta,
                              batch_sampling(forward_batch, positions.device))
-            block = torch.where(done[:, None], block, veto.tokens)
-        forward_batch.input_ids.copy_(block.view(-1).to(forward_batch.input_ids.dtype))
-        return (out.logits_output, block.tolist(), [L if d else 0 for d in done_list],
-                [None if d else prompt[i] for i, d in enumerate(done_list)], out.can_run_graph)
+            block = veto.tokens
+        return one.finish(forward_batch, block)
