@@ -183,3 +183,19 @@ def test_head_sees_the_context(tiny_model):
         before = head(tiny_model, tokens, hidden, positions, HeadAttention(KeyRecorder(1), mask))
         after = head(tiny_model, changed, hidden, positions, HeadAttention(KeyRecorder(1), mask))
     assert (before[:, -L:] - after[:, -L:]).abs().max() > 1e-3
+
+
+def test_a_block_only_head_is_refused_except_to_fine_tune(tmp_path, tiny_model):
+    """A head saved before heads attended to the context (no `attention` key) is another
+    model: loading it says what changed and how to fine-tune it; `block_only` loads it."""
+    head = randomize(MRPHead(tiny_model.config, HeadConfig(num_layers=1)), seed=6)
+    directory = tmp_path / "head"
+    save_head(head, tiny_model, directory)
+    meta = json.loads((directory / "config.json").read_text())
+    assert meta["attention"] == "context"
+    del meta["attention"]
+    (directory / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="attends to its own block only.*--init-from"):
+        load_head(directory, tiny_model)
+    loaded = load_head(directory, tiny_model, block_only=True)
+    assert torch.equal(loaded.fuse.weight, head.fuse.weight)

@@ -17,7 +17,8 @@ to with the `openai` client, stopped with Ctrl-C (SIGINT), and started again on 
 - after Ctrl-C no process of the server's tree is left (psutil);
 - after a burst of concurrent requests and Ctrl-C, `mrp serve` starts again on the same
   port at once, while the burst's TIME-WAIT connections still hold it (a plain bind is
-  refused), answers and stops (the second and last server start).
+  refused), serving the embedded pair exported in the published MRP layout, answers as our
+  decoders on that directory do, and stops (the second and last server start).
 The SGLang subprocesses get the CPU stand-ins without the `.pth` hook: the server runs with
 MRP_SGLANG_CPU_STANDINS unset.
 
@@ -63,13 +64,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(port: int, log_path: Path) -> subprocess.Popen:
+def start_server(port: int, log_path: Path, *flags: str) -> subprocess.Popen:
     env = {key: value for key, value in os.environ.items()
            if key not in ("MRP_SGLANG_CPU_STANDINS", "SGLANG_USE_CPU_ENGINE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     with open(log_path, "w") as log:
         return subprocess.Popen([sys.executable, "-m", "mrp_dlm.cli", "serve", "--port",
-                                 str(port), "--", "--enable-metrics"],
+                                 str(port), *flags, "--", "--enable-metrics"],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
@@ -104,16 +105,17 @@ def ours(pipeline: Pipeline, chat: bool) -> tuple[list[list[int]], list[list[int
     return rule, spec, stable
 
 
-def served(client, prompt: str, chat: bool, **sampling) -> tuple[list[int], list[int], int]:
-    """(prompt ids, output ids, completion tokens) of one request."""
+def served(client, prompt: str, chat: bool, model: str = "embedded",
+           **sampling) -> tuple[list[int], list[int], int]:
+    """(prompt ids, output ids, completion tokens) of one request to the served `model`."""
     if chat:
         reply = client.chat.completions.create(
-            model="embedded", messages=[{"role": "user", "content": prompt}],
+            model=model, messages=[{"role": "user", "content": prompt}],
             max_tokens=MAX_NEW, extra_body={"return_token_ids": True}, **sampling)
         extra = reply.choices[0].model_extra
         return (extra["prompt_token_ids"], extra["response_token_ids"],
                 reply.usage.completion_tokens)
-    reply = client.completions.create(model="embedded", prompt=prompt, max_tokens=MAX_NEW,
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=MAX_NEW,
                                       extra_body={"return_token_ids": True}, **sampling)
     extra = reply.choices[0].model_extra
     return extra["prompt_token_ids"], extra["token_ids"], reply.usage.completion_tokens
@@ -217,21 +219,29 @@ def test_mrp_serve_with_the_openai_client(tmp_path):
     finally:
         interrupt(process, log_path)
     assert left_running(tree) == []
-    check_restart(port, tmp_path / "restart.log")
+    release = tmp_path / "release"
+    subprocess.run([sys.executable, "-m", "mrp_dlm.cli", "export", "--out", str(release)],
+                   check=True, capture_output=True)
+    check_restart(port, tmp_path / "restart.log", release, pipeline)
 
 
-def check_restart(port: int, log_path: Path) -> None:
+def check_restart(port: int, log_path: Path, release: Path, pipeline: Pipeline) -> None:
     """`mrp serve` on the same port at once, while the loaded run's TIME-WAIT connections
-    hold it (a plain bind is refused), answers a request and stops."""
+    hold it (a plain bind is refused), serving the embedded pair exported in the published
+    MRP layout (`mrp export`): it answers as our decoders on that directory do, and stops."""
     import openai
 
     assert time_wait_count(port) > 0, "the loaded run left no TIME-WAIT connection to test"
     with socket.socket() as plain, pytest.raises(OSError):
         plain.bind(("127.0.0.1", port))
-    process = start_server(port, log_path)
+    process = start_server(port, log_path, "--model", str(release))
     try:
         wait_for_banner(process, log_path)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
-        assert served(client, PROMPTS[0], True)[1]
+        rule, _, stable = ours(Pipeline.load(release), chat=True)
+        stops = pipeline.model.config.stop_token_ids
+        for index in stable:
+            ids = served(client, PROMPTS[index], True, release.name, temperature=0)[1]
+            assert trim_after_stop(ids, stops, MAX_NEW) == rule[index], f"prompt {index}"
     finally:
         interrupt(process, log_path)
