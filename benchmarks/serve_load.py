@@ -2,19 +2,21 @@
 answer checked against the library's decode of the same request, for each algorithm; then
 Ctrl-C under load, and the next algorithm's server on the same port at once.
 
-Not a test. Per algorithm (MrpSpeculative and LowConfidence at the same `--threshold`,
-MrpDirect at the same `--lookahead`), one `mrp serve` on one port shared by all three (so
-each start after the first is a restart right after a loaded run):
+Not a test. Per algorithm (MrpSpeculative, MrpRemask (the paper's rule, δ = 2) and
+LowConfidence at the same `--threshold`, MrpDirect at the same `--lookahead`), one `mrp
+serve` on one port shared by all of them (so each start after the first is a restart right
+after a loaded run):
 - a warm-up of `--concurrency` requests (not measured);
 - `--requests` requests, `--concurrency` in flight, through one openai client without
   retries, cycling through the request kinds and `--prompts` problems of `arith` and
-  `arith-code`. Kinds: chat and completion, greedy (temperature 0) and, on MrpSpeculative,
-  seeded sampled (temperature 0.7, top-p 0.95, seed 5). LowConfidence is SGLang's own and
+  `arith-code`. Kinds: chat and completion, greedy (temperature 0) and, on MrpSpeculative
+  and MrpRemask, seeded sampled (temperature 0.7, top-p 0.95, seed 5). LowConfidence is SGLang's own and
   greedy only (it ignores the temperature); MrpDirect answers sampling with HTTP 400 by
   design. Each answer's prompt and output ids are compared with the library's decode of
   the same request (`Pipeline.generate`: the chat template for chat, the raw prompt for
   completions; dynamic at the threshold for MrpSpeculative and LowConfidence, direct at
-  the lookahead for MrpDirect; the same sampling and seed). Reports errors (by the
+  the lookahead for MrpDirect, remask with the paper rule for MrpRemask; the same sampling
+  and seed). Reports errors (by the
   client's exception and HTTP status), equal answers, p50/p99 latency, tokens/s, tokens
   per forward (the plugin's counters) and the tree's resident memory;
 - Ctrl-C under load: `--concurrency` more requests, SIGINT to `mrp serve` once the first
@@ -55,7 +57,7 @@ from serve_harness import (Reply, counters, free_port, request, serve_command,  
                            start, stop, tree_rss)
 from sglang_env import trim_after_stop  # noqa: E402
 
-ALGORITHMS = ("MrpSpeculative", "MrpDirect", "LowConfidence")
+ALGORITHMS = ("MrpSpeculative", "MrpDirect", "MrpRemask", "LowConfidence")
 SAMPLED = dict(temperature=0.7, top_p=0.95, seed=5)  # the OpenAI fields and our knobs alike
 GREEDY = dict(temperature=0)
 CLIENT_TIMEOUT = 600.0  # seconds: a request that long is an error, never a hang
@@ -78,16 +80,16 @@ class Kind:
 
 
 def kinds_of(algorithm: str) -> list[Kind]:
-    samples = (False, True) if algorithm == "MrpSpeculative" else (False,)
+    samples = (False, True) if algorithm in ("MrpSpeculative", "MrpRemask") else (False,)
     return [Kind(chat, sampled) for sampled in samples for chat in (True, False)]
 
 
 def library_config(algorithm: str, kind: Kind, args) -> DecodeConfig:
     """The library's decode of a request that `algorithm` serves."""
-    mode = "direct" if algorithm == "MrpDirect" else "dynamic"
+    mode = {"MrpDirect": "direct", "MrpRemask": "remask"}.get(algorithm, "dynamic")
     sampling = SAMPLED if kind.sampled else {}
     return DecodeConfig(mode=mode, threshold=args.threshold, lookahead=args.lookahead,
-                        max_new_tokens=args.max_tokens, **sampling)
+                        remask_rule="paper", max_new_tokens=args.max_tokens, **sampling)
 
 
 @dataclass(frozen=True)
