@@ -62,7 +62,7 @@ class HeadCache:
         self.written = 0  # slots [0, written) hold the head's keys
         self.pending: list[torch.Tensor] = []  # store hidden (B, T_i, H) of the slots after
         self.start, self.positions = 0, None  # the current block: first slot, (B, L) positions
-        self.steps = self.stores = self.stored_blocks = 0  # head forwards; store-only ones; blocks
+        self.steps = self.stores = 0  # head forwards; those that only stored
 
     @property
     def width(self) -> int:
@@ -124,7 +124,6 @@ class HeadCache:
         if self.written + total != self.start:
             raise RuntimeError(f"head cache: {total} pending slots after slot {self.written} "
                                f"do not reach the block at slot {self.start}")
-        self.stored_blocks += total // self.positions.shape[1]
         self.written = self.start
         return held
 
