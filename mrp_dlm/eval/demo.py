@@ -3,9 +3,10 @@
 It is a small benchmark on the `mrp bench` machinery (see `bench.py`: warm-up, static first,
 ratios against it) in two regimes, each timed with interleaved repeats (round-robin over the
 tasks and modes, best of n per decode call) so that two runs on a quiet machine agree:
-- throughput: all problems of a task as one batch (`--problems`); accuracy, tokens per
-  forward and the identical-to-rule counts come from this pass;
-- latency: batch 1 (what a chat user sees) on the first `LATENCY_PROBLEMS` problems.
+- throughput: all problems of a task as one batch (`--problems`); every row's accuracy and
+  identical-to-rule counts come from this pass;
+- latency: batch 1 (what a chat user sees) on the first `LATENCY_PROBLEMS` problems; its
+  rows keep their own counters (tokens per forward, drafts) and ratios.
 Each row also carries, for a lossy mode that reads the head, its tokens/s over the head-free
 frontier at its accuracy (the fastest `dynamic` row the demo runs that is at least as
 accurate), and the goals it is recommended for (`recommend`).
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from mrp_dlm.config import DecodeConfig
+from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval.bench import GradeMemo, GridResults, bench_rows, ratio, split_by_head, warm_up
 from mrp_dlm.eval.defaults import DEMO_PROBLEMS
 from mrp_dlm.eval.grid import BASELINE, grid_label
@@ -39,8 +41,8 @@ DEMO_CONFIGS = tuple(DecodeConfig(max_new_tokens=DEMO_MAX_NEW_TOKENS, **fields) 
     dict(mode="direct", lookahead=4)))  # unverified head tokens; fits a block of 4 and up
 LATENCY_PROBLEMS = 8  # problems per task timed at batch 1
 REPEATS = 3  # interleaved repeats per regime; each decode call keeps its fastest
-RATE_KEYS = ("seconds", "tokens_per_second", "speedup", "speedup_vs_rule", "speedup_vs_self",
-             "forward_cost_vs_rule")  # what the latency pass replaces in a throughput row
+LATENCY_KEYS = (*DecodeStats().to_dict(), "speedup", "speedup_vs_rule", "speedup_vs_self",
+                "forward_cost_vs_rule", "self_draft_share")  # a latency row's own measurements
 MARGIN = 0.05  # a speed edge smaller than this is a tie (two quiet runs differ by up to ~5%)
 EXACT, NO_LOSS = "exact", "fastest no-loss"  # the goals a row can be recommended for
 
@@ -84,9 +86,9 @@ def grid_rows(grids: list[GridResults]) -> list[dict]:
 
 
 def with_latency(rows: list[dict], latency: list[dict]) -> list[dict]:
-    """The throughput rows (accuracy and counts over every problem) with the rates of the
-    same (task, config) at batch 1."""
-    return [{**row, **{key: fast[key] for key in RATE_KEYS}, "timed_n": fast["n"]}
+    """The throughput rows (accuracy and identical counts over every problem) with the
+    decode counters, rates and ratios of the same (task, config) at batch 1."""
+    return [{**row, **{key: fast[key] for key in LATENCY_KEYS}, "timed_n": fast["n"]}
             for row, fast in zip(rows, latency, strict=True)]
 
 
