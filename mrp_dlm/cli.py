@@ -224,12 +224,13 @@ def demo_cells(row: dict) -> dict:
 def demo_legend(report) -> str:
     from mrp_dlm.eval.demo import MARGIN
 
-    batch, timed, repeats = report.batch_size, report.latency_problems, report.repeats
+    batch, timed = report.batch_size, report.latency_problems
     return (f"Latency above: tokens/s at batch 1 (one prompt per decode call, what a chat user "
             f"sees) on the first {timed} problems per task; throughput below: all {batch} "
             f"problems of a task as one batch of {batch}. Each regime decodes every mode "
-            f"{repeats} times, round-robin over the tasks and modes, and keeps each decode "
-            f"call's fastest. accuracy and same: over all {batch} problems per task, from "
+            f"several times ({report.latency_repeats} at batch 1, "
+            f"{report.throughput_repeats} batched), round-robin over the tasks and modes, and "
+            f"keeps each decode call's fastest. accuracy and same: over all {batch} problems per task, from "
             "the batched decode; the other columns are each regime's own. "
             "tokens/forward: generated tokens (up to the stop token) per backbone "
             "forward of a row, the prompt's forwards and those that finish the last block past "
@@ -271,7 +272,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(json.dumps({"demo": report.rows, "throughput": report.throughput_rows,
                           "batch_size": report.batch_size,
                           "latency_problems": report.latency_problems,
-                          "repeats": report.repeats}))
+                          "latency_repeats": report.latency_repeats,
+                          "throughput_repeats": report.throughput_repeats}))
     return 0
 
 

@@ -79,5 +79,7 @@ def test_the_table_marks_slower_rows_and_recommendations():
 
 
 def test_the_legend_names_both_batches_and_the_repeats():
-    legend = demo_legend(SimpleNamespace(batch_size=20, latency_problems=8, repeats=3))
-    assert "batch 1" in legend and "one batch of 20" in legend and "3 times" in legend
+    legend = demo_legend(SimpleNamespace(batch_size=20, latency_problems=8, latency_repeats=5,
+                                         throughput_repeats=3))
+    assert "batch 1" in legend and "one batch of 20" in legend
+    assert "(5 at batch 1, 3 batched)" in legend
