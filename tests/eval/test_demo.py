@@ -1,0 +1,85 @@
+"""`mrp demo`'s judgement on hand-built rows: the frontier comparison, the recommended
+modes, and the table cells (no timing: every speed here is made up)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from mrp_dlm.cli import DEMO_COLUMNS, demo_cells, demo_legend, format_table
+from mrp_dlm.eval.demo import EXACT, NO_LOSS, judged, recommend
+
+
+def row(label: str, mode: str, speed: float, accuracy: float = 1.0, lossless: bool = False,
+        rule: str | None = None, task: str = "arith") -> dict:
+    """A bench row with only what the demo's judgement and cells read."""
+    return {"task": task, "mode": mode, "family": mode, "setting": label.partition(":")[2],
+            "label": label, "n": 20, "accuracy": accuracy, "tokens_per_forward": 2.0,
+            "tokens_per_second": speed, "speedup": round(speed / 100, 3),
+            "reproduces": rule, "speedup_vs_rule": None if rule is None else speed / 300,
+            "differing_from_rule": 0 if rule else None, "speedup_vs_self": None,
+            "self_draft_share": None, "lossless": lossless or mode == "static"}
+
+
+def grid(speculative_speed: float) -> list[dict]:
+    return [row("static", "static", 100.0),
+            row("dynamic:0.9", "dynamic", 300.0),
+            row("speculative:3@0.9", "speculative", speculative_speed, lossless=True,
+                rule="dynamic:0.9"),
+            row("dynamic:0.5", "dynamic", 600.0, accuracy=0.75),
+            row("remask-chain:0.4", "remask", 330.0),
+            row("direct:4", "direct", 150.0, accuracy=0.9)]
+
+
+def picks(rows: list[dict]) -> dict[str, list[str]]:
+    return {r["label"]: r["recommended"] for r in rows if r["recommended"]}
+
+
+def test_a_lossless_row_slower_than_its_rule_is_never_the_exact_pick():
+    assert picks(recommend(grid(240.0))) == {"dynamic:0.9": [EXACT],
+                                             "remask-chain:0.4": [NO_LOSS]}
+
+
+def test_a_lossless_row_that_beats_its_rule_is_the_exact_pick():
+    assert picks(recommend(grid(450.0))) == {"speculative:3@0.9": [EXACT, NO_LOSS]}
+
+
+def test_ties_within_the_margin_keep_the_earlier_row():
+    rows = grid(310.0)  # 1.03x its rule: a tie, so its rule is exact
+    rows[4]["tokens_per_second"] = 305.0  # remask within 5% of dynamic 0.9
+    assert picks(recommend(rows)) == {"dynamic:0.9": [EXACT, NO_LOSS]}
+
+
+def test_without_lossless_rows_static_is_exact_and_each_task_is_judged_alone():
+    rows = [row("static", "static", 100.0), row("dynamic:0.9", "dynamic", 300.0, accuracy=0.95),
+            *[{**r, "task": "arith-code"} for r in grid(450.0)]]
+    assert picks(recommend(rows)) == {"static": [EXACT, NO_LOSS],
+                                      "speculative:3@0.9": [EXACT, NO_LOSS]}
+
+
+def test_lossy_head_rows_are_compared_with_the_fastest_dynamic_row_as_accurate():
+    rows = {r["label"]: r for r in judged(grid(240.0))}
+    assert rows["remask-chain:0.4"]["frontier"] == "dynamic:0.9"
+    assert rows["remask-chain:0.4"]["speedup_vs_frontier"] == 1.1
+    assert rows["direct:4"]["frontier"] == "dynamic:0.9"  # 0.5 is less accurate than 0.9
+    for label in ("static", "dynamic:0.9", "dynamic:0.5", "speculative:3@0.9"):
+        assert rows[label]["frontier"] is None and rows[label]["speedup_vs_frontier"] is None
+
+
+def test_the_table_marks_slower_rows_and_recommendations():
+    cells = {r["setting"] or r["mode"]: demo_cells(r) for r in judged(grid(240.0))}
+    spec = cells["3@0.9"]
+    assert spec["vs rule"] == "0.80x slower" and spec["must equal"] == "dynamic:0.9"
+    assert spec["recommended"] == "-" and spec["same"] == "20/20"
+    assert cells["0.9"]["recommended"] == EXACT and cells["0.9"]["vs rule"] == "-"
+    assert cells["0.4"]["vs frontier"] == "1.10x (dynamic:0.9)"
+    assert cells["4"]["vs frontier"] == "0.50x slower (dynamic:0.9)"
+    assert cells["static"]["lossless"] == "reference" and cells["static"]["vs static"] == "1.00x"
+    table = format_table(list(cells.values()), DEMO_COLUMNS)
+    assert table.splitlines()[0].split()[-3:] == ["same", "lossless", "recommended"]
+
+
+def test_the_legend_names_both_batches_and_the_repeats():
+    legend = demo_legend(SimpleNamespace(batch_size=20, latency_problems=8, latency_repeats=5,
+                                         throughput_repeats=3))
+    assert "batch 1" in legend and "one batch of 20" in legend
+    assert "(5 at batch 1, 3 batched)" in legend
