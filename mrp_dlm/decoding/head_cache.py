@@ -62,6 +62,7 @@ class HeadCache:
         self.written = 0  # slots [0, written) hold the head's keys
         self.pending: list[torch.Tensor] = []  # store hidden (B, T_i, H) of the slots after
         self.start, self.positions = 0, None  # the current block: first slot, (B, L) positions
+        self.masks: dict[tuple[int, int], torch.Tensor] = {}  # the block's, by (first, copies)
         self.steps = self.stores = 0  # head forwards; those that only stored
 
     @property
@@ -75,7 +76,7 @@ class HeadCache:
 
     def begin(self, start: int, positions: torch.Tensor) -> None:
         """The current block moves to slots [start, start + L) with positions (B, L)."""
-        self.start, self.positions = start, positions
+        self.start, self.positions, self.masks = start, positions, {}
 
     def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -99,23 +100,31 @@ class HeadCache:
         copies = tokens.shape[1] // L
         first, held = self.written, self.flush()
         stored = self.tokens[:, first:self.start]  # (B, P)
-        mask = torch.cat((stored_blocks_mask(self.key_valid, first, self.start, L, self.width),
-                          copies_mask(self.key_valid, self.start, L, copies, self.width)),
-                         dim=1)  # (B, P + M*L, S)
         residual = self.head(self.model, torch.cat((stored, tokens), dim=1),
                              torch.cat((*held, hidden_in), dim=1),
                              torch.cat((self.all_positions[:, first:self.start],
                                         self.positions.repeat(1, copies)), dim=1),
-                             HeadAttention(self.cache, mask, first))  # (B, P + M*L, H)
+                             HeadAttention(self.cache, self.mask(first, copies), first))  # (B, P + M*L, H)
         return residual[:, stored.shape[1]:]
 
     def store_pending(self) -> None:
         """The pending stores in a head forward of their own."""
-        L, first, held = self.positions.shape[1], self.written, self.flush()
-        mask = stored_blocks_mask(self.key_valid, first, self.start, L, self.width)  # (B, P, S)
+        first, held = self.written, self.flush()
         self.head(self.model, self.tokens[:, first:self.start], torch.cat(held, dim=1),
-                  self.all_positions[:, first:self.start], HeadAttention(self.cache, mask, first))
+                  self.all_positions[:, first:self.start],
+                  HeadAttention(self.cache, self.mask(first, 0), first))
         self.stores += 1
+
+    def mask(self, first: int, copies: int) -> torch.Tensor:
+        """(B, P + M*L, S) mask of a head forward over the stored blocks at slots [first,
+        start) (P slots, each seeing its own and earlier blocks) and M copies of the current
+        block (each seeing the prefix and itself); built once per block."""
+        if (first, copies) not in self.masks:
+            L = self.positions.shape[1]
+            self.masks[first, copies] = torch.cat(
+                (stored_blocks_mask(self.key_valid, first, self.start, L, self.width),
+                 copies_mask(self.key_valid, self.start, L, copies, self.width)), dim=1)
+        return self.masks[first, copies]
 
     def flush(self) -> list[torch.Tensor]:
         """The pending hidden states, now counted as written up to the current block."""

@@ -47,21 +47,6 @@ def copies_mask(key_valid: torch.Tensor, start: int, block_size: int, copies: in
     return pad_keys(torch.cat((prefix, own), dim=2), width)  # (B, T, start + T or width)
 
 
-def store_and_next_mask(key_valid: torch.Tensor, start: int, block_size: int,
-                        width: int | None = None) -> torch.Tensor:
-    """Mask (B, 2L, start + 2L) for a finished block at `start` and the next block after it.
-
-    The finished block sees the valid cached prefix [0, start) and itself (a store); the
-    next block sees the prefix, the finished block and itself (its first denoise step).
-    key_valid: (B, >= start) bool, True for non-padding slots; `width` as in `copies_mask`.
-    """
-    T = 2 * block_size
-    prefix = key_valid[:, :start, None].transpose(1, 2).expand(-1, T, -1)  # (B, 2L, start)
-    block_id = torch.arange(T, device=key_valid.device) // block_size  # (2L,)
-    causal = (block_id[None, :] <= block_id[:, None])[None].expand(key_valid.shape[0], -1, -1)  # (B, 2L, 2L)
-    return pad_keys(torch.cat((prefix, causal), dim=2), width)  # (B, 2L, start + 2L or width)
-
-
 def stored_blocks_mask(key_valid: torch.Tensor, first: int, start: int, block_size: int,
                        width: int | None = None) -> torch.Tensor:
     """Mask (B, start - first, start or width) for the finished blocks at slots [first, start)
@@ -74,3 +59,18 @@ def stored_blocks_mask(key_valid: torch.Tensor, first: int, start: int, block_si
     blocks = torch.arange(start, device=key_valid.device) // block_size  # (start,)
     causal = blocks[None, :] <= blocks[first:, None]  # (start - first, start)
     return pad_keys(causal[None] & key_valid[:, None, :start], width)  # (B, start - first, start or width)
+
+
+def store_and_next_mask(key_valid: torch.Tensor, start: int, block_size: int,
+                        width: int | None = None) -> torch.Tensor:
+    """Mask (B, 2L, start + 2L) for a finished block at `start` and the next block after it:
+    the finished block's store (`stored_blocks_mask`: the valid prefix and itself) and the
+    next block's first denoise step (`copies_mask`: the prefix, the finished block and
+    itself) in one forward.
+
+    key_valid: (B, >= start + L) bool, True for non-padding slots; `width` as in `copies_mask`.
+    """
+    width = width or start + 2 * block_size
+    return torch.cat((stored_blocks_mask(key_valid, start, start + block_size, block_size, width),
+                      copies_mask(key_valid, start + block_size, block_size, 1, width)),
+                     dim=1)  # (B, 2L, width)
