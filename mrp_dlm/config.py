@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # SDAR family defaults: the published config.json files lack these keys and every engine
-# hard-codes them (brief §1).
+# hard-codes them.
 SDAR_MASK_TOKEN_ID = 151669
 SDAR_BLOCK_SIZE = 4
 SDAR_STOP_TOKEN_IDS = (151645, 151643)
