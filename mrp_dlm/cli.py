@@ -106,8 +106,8 @@ def training_log():
 
 def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int:
     config = build_dataclass(TrainConfig, args, train_fields)
-    print(f"mrp train backbone: preset {config.preset}, {config.steps} steps, into {config.out}; "
-          "loading torch", file=sys.stderr, flush=True)  # torch alone takes seconds to import
+    print(f"mrp train backbone: preset {config.preset}, {config.train_steps} steps, into "
+          f"{config.out}; loading torch", file=sys.stderr, flush=True)  # torch alone takes seconds to import
     from mrp_dlm.training.loop import train_backbone
 
     with training_log():
@@ -118,7 +118,7 @@ def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int
 
 def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
     config = build_dataclass(HeadTrainConfig, args, train_fields)
-    print(f"mrp train head: on {config.model or 'the embedded model'}, {config.steps} steps, "
+    print(f"mrp train head: on {config.model or 'the embedded model'}, {config.train_steps} steps, "
           f"into {config.out}; loading torch", file=sys.stderr, flush=True)
     from mrp_dlm.training.head_loop import train_head
 

@@ -297,7 +297,7 @@ def test_train_backbone_smoke(tmp_path, capsys, caplog):
     caplog.set_level(logging.INFO, logger="mrp_dlm.training")
     out_dir = tmp_path / "run"
     code, out, err = run_cli(capsys, "train", "backbone", "--out", str(out_dir), "--preset", "tiny",
-                             "--steps", "2", "--train-examples", "40", "--batch-size", "2",
+                             "--train-steps", "2", "--train-examples", "40", "--batch-size", "2",
                              "--seq-len", "128", "--vocab-size", "300")
     assert code == 0, err
     assert (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file()
@@ -324,8 +324,8 @@ def test_train_resume_says_what_it_resumes_from(tmp_path, capsys, caplog):
     caplog.set_level(logging.INFO, logger="mrp_dlm.training")
     out_dir = tmp_path / "run"
     out_dir.mkdir()
-    argv = ["train", "backbone", "--out", str(out_dir), "--preset", "tiny", "--steps", "2",
-            "--train-examples", "40", "--batch-size", "2", "--seq-len", "128",
+    argv = ["train", "backbone", "--out", str(out_dir), "--preset", "tiny",
+            "--train-steps", "2", "--train-examples", "40", "--batch-size", "2", "--seq-len", "128",
             "--vocab-size", "300", "--resume"]
     assert run_cli(capsys, *argv)[0] == 0
     assert (f"--resume: nothing to resume in {out_dir} (no train_state.pt); starting from "

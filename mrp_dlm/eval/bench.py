@@ -46,7 +46,7 @@ from mrp_dlm.eval.grid import (LOSSLESS_MODES, family_of, grid_label, rule_of, s
 from mrp_dlm.eval.runner import (EvalResult, check_batch_size, check_config, collect, evaluate,
                                  evaluate_batches)
 from mrp_dlm.eval.tasks.common import Example, Task
-from mrp_dlm.model.loading import write_atomic
+from mrp_dlm.files import write_atomic
 from mrp_dlm.pipeline import Pipeline
 
 WARMUP_PROBLEMS = 2  # problems per config in the excluded warm-up pass
