@@ -26,7 +26,7 @@ from lm_eval.api.registry import get_model  # noqa: E402
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval import harness  # noqa: E402
 from mrp_dlm.eval.harness import Generation, MrpLM, generation_of  # noqa: E402
-from mrp_dlm.eval.tasks.arith import ArithTask, extract_answer  # noqa: E402
+from mrp_dlm.tasks.arith import ArithTask, extract_answer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_DIR = REPO / "tests" / "eval" / "lm_eval_task"
