@@ -103,6 +103,21 @@ def test_the_embedded_model_is_named_for_lm_eval():
         assert name(argv) == argv
 
 
+def test_lm_eval_names_the_folder_after_pretrained_as_documented():
+    """docs/evaluation.md's rule, on the installed lm-eval: NAME is `pretrained` with runs of
+    `"<>:/|\\?*[]` replaced by `__` (string or dict model args alike)."""
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
+    from lm_eval.utils import sanitize_model_name
+
+    def folder(model_args):
+        return sanitize_model_name(GeneralConfigTracker._get_model_name(model_args))
+
+    assert folder("mode=static,pretrained=embedded") == folder({"pretrained": "embedded"}) \
+        == "embedded"
+    assert folder({"pretrained": "/ckpt/sdar-8b", "mode": "static"}) == "__ckpt__sdar-8b"
+    assert GeneralConfigTracker._get_model_name({"mode": "static"}) is None  # then random
+
+
 def test_pretrained_embedded_is_the_embedded_model_and_head(embedded_lm):
     assert embedded_lm.pipe.directory == embedded_model_dir()
     assert embedded_lm.pipe.head_dir == embedded_head_dir()
