@@ -17,9 +17,9 @@ from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DISTILL_DECODE, DTYPE
 from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE, DEMO_PROBLEMS, EVAL_BATCH_SIZE
 from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.pareto import PARETO_BATCH_SIZE
-from mrp_dlm.eval.tasks.registry import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
 from mrp_dlm.serving.serve_config import ServeConfig
+from mrp_dlm.tasks.registry import TASK_NAMES, get_task
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:

@@ -11,8 +11,8 @@ import pytest
 from conftest import run_cli
 from mrp_dlm import distill as distill_module
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.pipeline import Pipeline
+from mrp_dlm.tasks.registry import get_task
 
 
 class Killed(Exception):
