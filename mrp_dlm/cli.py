@@ -19,7 +19,7 @@ from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, 
 from mrp_dlm.eval.pareto import PARETO_BATCH_SIZE
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
 from mrp_dlm.serving.serve_config import ServeConfig
-from mrp_dlm.tasks.registry import TASK_NAMES, get_task
+from mrp_dlm.tasks.registry import TASK_NAMES
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -134,32 +134,17 @@ def cmd_distill(args: argparse.Namespace, distill_fields: list[str],
     decode = build_dataclass(DecodeConfig, args, decode_fields, base=DISTILL_DECODE)
     print(f"mrp distill: {config.prompts} with {grid_label(decode)}, into {config.out}; "
           "loading torch", file=sys.stderr, flush=True)
-    from tqdm import tqdm
-
-    from mrp_dlm.distill import distill
+    from mrp_dlm.distill import distill_in_world
     from mrp_dlm.pipeline import Pipeline
-    from mrp_dlm.training.distributed import finish_together, join_world, leave_world
 
-    world = join_world(args.device)
-    try:
-        pipe = Pipeline.load(args.model, args.dtype, world.device, args.mask_token_id,
+    def load(device: str) -> Pipeline:
+        return Pipeline.load(args.model, args.dtype, device, args.mask_token_id,
                              decode.block_size, args.head, args.threads)
-        bar = tqdm(desc="distill", unit="tok", unit_scale=True, disable=not world.is_main)
-        answered = [0]
 
-        def advance(rows: int, tokens: int) -> None:
-            answered[0] += rows
-            bar.update(tokens)
-            bar.set_postfix(prompts=answered[0])
-
-        report = distill(config, decode, pipe, world, advance)
-        bar.close()
-        finish_together(world)
-    finally:
-        leave_world(world)
+    report = distill_in_world(config, decode, load, args.device)
     rate = report.tokens / report.seconds if report.seconds else 0.0
     print(f"answered {report.written} prompts ({report.tokens} tokens, {rate:.0f} tokens/s) on "
-          f"rank {world.rank}; {report.skipped} already done, {report.bad} bad rows skipped; "
+          f"rank {report.rank}; {report.skipped} already done, {report.bad} bad rows skipped; "
           f"output in {config.out}")
     return 0
 
@@ -179,135 +164,40 @@ def add_distill_parser(commands) -> dict[str, list[str]]:
     return names
 
 
-def format_table(rows: list[dict], columns: list[str]) -> str:
-    cells = [[str(row[c]) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
-    return "\n".join(lines)
-
-
-DEMO_COLUMNS = ["task", "mode", "setting", "accuracy", "tokens/forward", "tokens/s",
-                "vs static", "must equal", "vs rule", "vs frontier", "vs self-drafts", "drafts",
-                "same", "lossless", "recommended"]
-THROUGHPUT_COLUMNS = ["task", "mode", "setting", "accuracy", "tokens/s", "vs static",
-                      "vs rule", "vs frontier", "recommended"]
-
-
-def times(value: float | None, slower: bool = True) -> str:
-    """A speed ratio as the demo prints it; 'slower' below 1 where the row must beat it."""
-    if value is None:
-        return "-"
-    return f"{value:.2f}x" + (" slower" if slower and value < 1 else "")
-
-
-def demo_cells(row: dict) -> dict:
-    """A demo row as the table shows it: percentages, ratios, yes/no."""
-    lossless = "reference" if row["mode"] == BASELINE else ("yes" if row["lossless"] else "no")
-    rule = row["reproduces"] if row["lossless"] and row["mode"] != BASELINE else None
-    frontier = "-" if row["frontier"] is None else \
-        f"{times(row['speedup_vs_frontier'])} ({row['frontier']})"
-    share = row.get("self_draft_share")
-    mode = row["family"] if row["mode"] == "speculative" else row["mode"]  # speculative-self
-    return {"task": row["task"], "mode": mode, "setting": row["setting"] or "-",
-            "accuracy": f"{row['accuracy']:.0%}",
-            "tokens/forward": f"{row['tokens_per_forward']:.2f}",
-            "tokens/s": f"{row['tokens_per_second']:.0f}",
-            "vs static": times(row["speedup"], slower=False),
-            "must equal": rule or "-", "vs rule": times(row["speedup_vs_rule"] if rule else None),
-            "vs frontier": frontier, "vs self-drafts": times(row.get("speedup_vs_self")),
-            "drafts": "-" if share is None else f"self:{share:.0%}",
-            "same": f"{row['n'] - row['differing_from_rule']}/{row['n']}" if rule else "-",
-            "lossless": lossless, "recommended": ", ".join(row["recommended"]) or "-"}
-
-
-def demo_legend(report) -> str:
-    from mrp_dlm.eval.demo import MARGIN
-
-    batch, timed = report.batch_size, report.latency_problems
-    return (f"Latency above: tokens/s at batch 1 (one prompt per decode call, what a chat user "
-            f"sees) on the first {timed} problems per task; throughput below: all {batch} "
-            f"problems of a task as one batch of {batch}. Each regime decodes every mode "
-            f"several times ({report.latency_repeats} at batch 1, "
-            f"{report.throughput_repeats} batched), round-robin over the tasks and modes, and "
-            f"keeps each decode call's fastest. accuracy and same: over all {batch} problems per task, from "
-            "the batched decode; the other columns are each regime's own. "
-            "tokens/forward: generated tokens (up to the stop token) per backbone "
-            "forward of a row, the prompt's forwards and those that finish the last block past "
-            "the stop included (so static, one token per denoising forward, shows less than 1). "
-            "vs static: tokens/s over static's in the same regime; lossless: output identical "
-            "by construction to the rule it must equal (static, or dynamic at the speculative "
-            "threshold); vs rule: its tokens/s over that rule's, the speed it must beat "
-            "('slower': it does not); vs frontier: a lossy row that reads the head, over the "
-            "fastest head-free dynamic row here at least as accurate (named); vs self-drafts: "
-            "a head-drafting speculative row over speculation with self-drafts only at the "
-            "same threshold; drafts: the share of its drafts after the first that were "
-            "self-drafts; same: on how many problems it was identical to its rule. "
-            "recommended, per task and regime: exact = the fastest lossless row if it beats "
-            f"its rule by more than {MARGIN:.0%}, else that rule; fastest no-loss = the fastest "
-            f"row as accurate as static (a later row must be more than {MARGIN:.0%} faster than "
-            "an earlier one).")
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from mrp_dlm.eval.demo import run_demo
+    from mrp_dlm.eval.demo_table import demo_json, demo_text
 
-    if args.problems < 1:
-        raise ValueError(f"--problems must be >= 1, got {args.problems}")
+    check_positive(args, "problems")
     pipe = load_pipeline(args, None)
     print(f"mrp demo: {pipe.directory}, {args.problems} held-out problems per task")
     report = run_demo(pipe, args.problems, progress=True)
-    if report.dropped:
-        print(f"note: no MRP head (give --head DIR), so {', '.join(report.dropped)} are left out")
-    print(f"\nlatency: batch 1, first {report.latency_problems} problems per task")
-    print(format_table([demo_cells(row) for row in report.rows], DEMO_COLUMNS))
-    print(f"\nthroughput: batch {report.batch_size}, all {report.batch_size} problems per task")
-    print(format_table([demo_cells(row) for row in report.throughput_rows], THROUGHPUT_COLUMNS))
-    print(demo_legend(report))
-    for result in report.results[:: max(len(report.results) // 2, 1)][:2]:
-        sample = result.samples[0]
-        print(f"\n--- {result.task} ({result.config.mode}), "
-              f"{'correct' if sample.correct else 'wrong'}\n{sample.problem}\n>>> {sample.completion}")
+    print(demo_text(report))
     if args.json:
-        print(json.dumps({"demo": report.rows, "throughput": report.throughput_rows,
-                          "batch_size": report.batch_size,
-                          "latency_problems": report.latency_problems,
-                          "latency_repeats": report.latency_repeats,
-                          "throughput_repeats": report.throughput_repeats}))
+        print(json.dumps(demo_json(report)))
     return 0
 
 
-def load_examples(args: argparse.Namespace) -> tuple:
-    """The task and its first --limit test examples, after checking the task flags (before
-    any model loads or any file is written, to fail fast)."""
-    from mrp_dlm.eval.store import check_out_dir
-
-    for flag, value in (("--limit", args.limit), ("--batch-size", args.batch_size)):
+def check_positive(args: argparse.Namespace, *names: str) -> None:
+    """Integer flags that must be >= 1 when given (before any model loads, to fail fast)."""
+    for name in names:
+        value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    check_out_dir(Path(args.out))
-    task = get_task(args.task, args.data)
-    return task, task.examples("test", args.limit)
-
-
-def source_of(args: argparse.Namespace, task, pipe) -> dict:
-    """Task, data file, model, head and dtype of a run, as recorded in its outputs."""
-    from mrp_dlm.eval.provenance import head_dir
-
-    return dict(task=task.name, data=str(Path(args.data).resolve()) if args.data else None,
-                model=str(pipe.directory.resolve()), head=head_dir(pipe),
-                dtype=args.dtype)
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def cmd_eval(args: argparse.Namespace, decode_fields: list[str]) -> int:
-    from mrp_dlm.eval.runner import evaluate_to_dir
+    from mrp_dlm.eval.provenance import source_of
+    from mrp_dlm.eval.runner import evaluate_to_dir, load_examples
     from mrp_dlm.eval.store import SAMPLES_FILE, SUMMARY_FILE, RunDir, RunIdentity
 
     config = build_dataclass(DecodeConfig, args, decode_fields)
-    task, examples = load_examples(args)
-    pipe = load_pipeline(args, config.block_size)
+    check_positive(args, "limit", "batch_size")
     out = Path(args.out)
-    run = RunDir(out, RunIdentity(**source_of(args, task, pipe), config=config))
+    task, examples = load_examples(args.task, args.data, args.limit, out)
+    pipe = load_pipeline(args, config.block_size)
+    run = RunDir(out, RunIdentity(**source_of(task.name, args.data, pipe, args.dtype),
+                                  config=config))
     summary = evaluate_to_dir(pipe, task, examples, run, args.batch_size, progress=True)
     stats = summary["stats"]
     print(f"{task.name} {grid_label(config)}: {summary['correct']}/{summary['n']} correct "
@@ -328,24 +218,23 @@ def bench_defaults(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
     from mrp_dlm.eval import bench, pareto
+    from mrp_dlm.eval.provenance import source_of
+    from mrp_dlm.eval.runner import load_examples
 
     bench_defaults(args)
     base = build_dataclass(DecodeConfig, args, decode_fields)
     configs = None if args.grid is None else parse_grid(args.grid, base)  # fails first
-    task, examples = load_examples(args)
+    check_positive(args, "limit", "batch_size")
+    task, examples = load_examples(args.task, args.data, args.limit, Path(args.out))
     pipe = load_pipeline(args, base.block_size)
-    if configs is None:  # --pareto: the sweeps that fit the model's block size
-        block_size = base.block_size or pipe.model.config.block_size
-        configs = parse_grid(pareto.pareto_grid(block_size), base)
-    configs, dropped = bench.split_by_head(configs, pipe.head_dir is not None)
+    configs, dropped = bench.grid_for(pipe, base, configs)
     if dropped:
         print(f"note: no MRP head (give --head DIR), so {', '.join(dropped)} are left out")
-    grids = bench.run_bench(pipe, [(task, examples)], configs, args.batch_size, progress=True)
-    rows = bench.bench_rows(task.name, grids)
-    setup = dict(source_of(args, task, pipe), device=args.device, n=len(examples),
-                 batch_size=args.batch_size)
-    report = bench.bench_report(rows, setup, configs)
-    paths = bench.write_bench(Path(args.out), report)
+    setup = dict(source_of(task.name, args.data, pipe, args.dtype), device=args.device,
+                 n=len(examples), batch_size=args.batch_size)
+    report, paths = bench.bench_to_dir(pipe, (task, examples), configs, args.batch_size, setup,
+                                       Path(args.out))
+    rows = report["rows"]
     print(pareto.markdown(rows) if args.pareto else bench.markdown(rows))
     for row in bench.lossless_violations(rows):
         print(f"WARNING: {row['label']} is lossless by construction but differs from "

@@ -13,7 +13,8 @@ parquet: a shard written whole), and a restart skips every id already in the fol
 row torn by a kill (a last line without its newline) is cut off first. Seeded: a row's
 draws depend on the decode seed and its positions only, so batching and resuming do not
 change a sampled answer. Under torchrun each process takes every N-th pending prompt and
-writes shards of its own (`part-RANK-NUMBER`).
+writes shards of its own (`part-RANK-NUMBER`); `distill_in_world` is that process's whole
+run (join the world, load, answer with a progress bar, leave).
 
 Deliberately not here: decoding (see `pipeline.py`), reading rows (`training/records.py`).
 """
@@ -27,11 +28,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from mrp_dlm.config import DecodeConfig, DistillConfig
 from mrp_dlm.pipeline import Pipeline
 from mrp_dlm.training.conversations import ChatEncoder
 from mrp_dlm.training.data import find_special_ids, task_texts
-from mrp_dlm.training.distributed import World
+from mrp_dlm.training.distributed import World, finish_together, join_world, leave_world
 from mrp_dlm.training.records import BadRow, Conversation, RecordFile
 from mrp_dlm.training.sources import parse_sources
 
@@ -49,6 +52,7 @@ class DistillReport:
     bad: int = 0  # prompt rows skipped as bad
     tokens: int = 0  # generated tokens
     seconds: float = 0.0  # decoding wall time
+    rank: int = 0  # this process's rank (0 outside torchrun)
 
 
 def read_prompts(spec: str, limit: int | None) -> Iterator[Conversation]:
@@ -187,7 +191,7 @@ def distill(config: DistillConfig, decode: DecodeConfig, pipe: Pipeline, world: 
         dist.barrier()  # rank 0 has cut torn rows before anyone reads the shards
     encoder = ChatEncoder(pipe.tokenizer, find_special_ids(pipe.tokenizer),
                           pipe.model.config.block_size)
-    report, writer = DistillReport(), ShardWriter(out, config, world.rank)
+    report, writer = DistillReport(rank=world.rank), ShardWriter(out, config, world.rank)
     # Every row is read and checked before the first decode: a bad row fails in seconds.
     batches = list(pending_batches(config, encoder, finished_ids(out), world, report))
     for batch in batches:
@@ -201,4 +205,28 @@ def distill(config: DistillConfig, decode: DecodeConfig, pipe: Pipeline, world: 
         report.tokens += result.stats.tokens
         on_batch(len(batch), result.stats.tokens)
     writer.close()
+    return report
+
+
+def distill_in_world(config: DistillConfig, decode: DecodeConfig,
+                     load: Callable[[str], Pipeline], device: str) -> DistillReport:
+    """`mrp distill` in this process: join the torchrun world (a world of one outside
+    torchrun), load the pipeline on this rank's device (`load(device)`), answer with a
+    progress bar on rank 0, wait for every rank, leave the world."""
+    world = join_world(device)
+    try:
+        pipe = load(world.device)
+        with tqdm(desc="distill", unit="tok", unit_scale=True,
+                  disable=not world.is_main) as bar:
+            answered = [0]  # prompts so far, shown beside the token count
+
+            def advance(rows: int, tokens: int) -> None:
+                answered[0] += rows
+                bar.update(tokens)
+                bar.set_postfix(prompts=answered[0])
+
+            report = distill(config, decode, pipe, world, advance)
+        finish_together(world)
+    finally:
+        leave_world(world)
     return report

@@ -41,8 +41,8 @@ from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import pareto, plots, provenance, store
 from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE
-from mrp_dlm.eval.grid import (LOSSLESS_MODES, family_of, grid_label, rule_of, self_of,
-                               setting_of)
+from mrp_dlm.eval.grid import (LOSSLESS_MODES, family_of, grid_label, parse_grid, rule_of,
+                               self_of, setting_of)
 from mrp_dlm.eval.runner import (EvalResult, check_batch_size, check_config, collect, evaluate,
                                  evaluate_batches)
 from mrp_dlm.files import write_atomic
@@ -79,6 +79,16 @@ def split_by_head(configs: tuple[DecodeConfig, ...],
         return configs, []
     dropped = [grid_label(config) for config in configs if config.uses_head]
     return tuple(config for config in configs if not config.uses_head), dropped
+
+
+def grid_for(pipe: Pipeline, base: DecodeConfig, configs: tuple[DecodeConfig, ...] | None
+             ) -> tuple[tuple[DecodeConfig, ...], list[str]]:
+    """The configs `mrp bench` runs on `pipe` and the labels dropped for want of a head;
+    `configs` None (--pareto): the Pareto sweeps that fit the decode's block size."""
+    if configs is None:
+        configs = parse_grid(pareto.pareto_grid(base.block_size or pipe.model.config.block_size),
+                             base)
+    return split_by_head(configs, pipe.head_dir is not None)
 
 
 @dataclass
@@ -274,3 +284,13 @@ def write_bench(out: Path, report: dict) -> list[Path]:
     for name, (key, label) in PLOTS.items():
         plots.plot_tradeoff(report["rows"], key, label, out / name)
     return [out / BENCH_FILE, out / TABLE_FILE, out / PARETO_FILE, *(out / name for name in PLOTS)]
+
+
+def bench_to_dir(pipe: Pipeline, suite: tuple[Task, list[Example]],
+                 configs: tuple[DecodeConfig, ...], batch_size: int, setup: dict,
+                 out: Path) -> tuple[dict, list[Path]]:
+    """`mrp bench` on one task: run the grid, write its report and tables into `out`;
+    returns the report (bench.json's content) and the written paths."""
+    grids = run_bench(pipe, [suite], configs, batch_size, progress=True)
+    report = bench_report(bench_rows(suite[0].name, grids), setup, configs)
+    return report, write_bench(out, report)

@@ -11,7 +11,7 @@ Each row also carries, for a lossy mode that reads the head, its tokens/s over t
 frontier at its accuracy (the fastest `dynamic` row the demo runs that is at least as
 accurate), and the goals it is recommended for (`recommend`).
 
-Deliberately not here: printing (the CLI formats the report).
+Deliberately not here: the report as text (`demo_table.py`), printing (the CLI).
 """
 
 from __future__ import annotations

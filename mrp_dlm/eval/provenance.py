@@ -26,6 +26,12 @@ def head_dir(pipe: Pipeline) -> str | None:
     return None if pipe.head_dir is None else str(pipe.head_dir.resolve())
 
 
+def source_of(task: str, data: str | None, pipe: Pipeline, dtype: str) -> dict:
+    """Task, data file, model, head and dtype of a run, as its outputs record them."""
+    return dict(task=task, data=str(Path(data).resolve()) if data else None,
+                model=str(pipe.directory.resolve()), head=head_dir(pipe), dtype=dtype)
+
+
 def git_commit() -> str:
     """HEAD of the source checkout ("-dirty" with uncommitted changes); "unknown" if none."""
     if not (SOURCE_ROOT / ".git").exists():

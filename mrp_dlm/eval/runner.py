@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -24,6 +25,7 @@ from mrp_dlm.eval.defaults import EVAL_BATCH_SIZE
 from mrp_dlm.eval.grid import grid_label, setting_of
 from mrp_dlm.pipeline import Pipeline
 from mrp_dlm.tasks.common import Example, Task
+from mrp_dlm.tasks.registry import get_task
 
 SPEED_KEYS = ("stats_note", "stats", "wall_seconds")  # summary figures of one decoding invocation
 
@@ -72,6 +74,15 @@ class RunInterrupted(KeyboardInterrupt):
 def check_batch_size(batch_size: int) -> None:
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
+def load_examples(task_name: str, data: str | None, limit: int | None,
+                  out: Path) -> tuple[Task, list[Example]]:
+    """The task and its first `limit` test examples (all with None), after checking that
+    `out` can take a run: before any model loads or any file is written, to fail fast."""
+    store.check_out_dir(out)
+    task = get_task(task_name, data)
+    return task, task.examples("test", limit)
 
 
 def check_config(pipe: Pipeline, config: DecodeConfig) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mrp_dlm.cli import DEMO_COLUMNS, demo_cells, demo_legend, format_table
+from mrp_dlm.eval.demo_table import DEMO_COLUMNS, demo_cells, demo_legend, format_table
 from mrp_dlm.eval.demo import EXACT, NO_LOSS, judged, recommend
 
 
