@@ -13,6 +13,8 @@ log. It evaluates the exact score (the expression above, in float64) only for th
 the groups with the largest bounds, then checks that no other group's bound reaches the
 winner's score; a row that fails the check (rare: see `CANDIDATE_GROUPS`) runs `race`.
 The winner is therefore the definition's, including its tie rule (the lowest token id).
+It also races probs truncated below a floor (a top-p nucleus, `nucleus.py`) without
+writing them: the bounds of probs bound the truncated values too.
 
 Deliberately not here: truncation (top-k/top-p, `sampling.py`), anything that depends on
 which rows share a batch (every operation is per row).

@@ -16,10 +16,13 @@ which is what makes sampled speculation reproduce the sampled rule token for tok
 share a key. Greedy has its own exact path.
 
 On a CPU a sampled step costs about what a greedy one does (`sample_tokens`): truncation
-keeps a few candidates instead of sorting the vocabulary, and the race screens the
-vocabulary with a cheap bound (`race.race_screened`); both give the full-vocabulary
-definition's token, and a row they cannot certify takes the definition (a host check,
-free on a CPU). Elsewhere the definition runs as written, without a host sync.
+keeps a few candidates instead of sorting the vocabulary (a wide top-p nucleus: its floor,
+`nucleus.py`), and the race screens the vocabulary with a cheap bound
+(`race.race_screened`); both give the full-vocabulary definition's token, and a row they
+cannot certify takes the definition (a host check, free on a CPU). One case only the
+definition can settle: a top-p boundary that splits equal probabilities keeps those the
+vocabulary sort places first, so a row whose winner is one of them takes the definition.
+Elsewhere the definition runs as written, without a host sync.
 
 Shapes: B batch, L block positions, V vocab, R = B*L rows, C candidates per row.
 """
