@@ -9,7 +9,7 @@ them: `Nucleus.split`).
 
 Here S_i comes from two exact parts. A float32 probability >= 2**-29 is a multiple of
 2**-52, so a float64 sum of such numbers below 2 is exact in any order: the mass of every
-histogram bucket above the boundary (buckets are the float32 bits >> BUCKET_SHIFT, 1/16 of
+histogram bucket above the boundary (buckets are the float32 bits >> BUCKET_SHIFT, 1/32 of
 an octave each: a bucket's values all exceed the next lower bucket's) plus the running sum
 of the sorted boundary bucket is S_i, bit for bit. Only that bucket is sorted. A row is
 `certain` when the boundary provably lies in it (its first token kept; a token of it cut,
@@ -29,9 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
-BUCKET_SHIFT = 19  # float32 bits >> 19: exponent and the 4 leading mantissa bits
-BUCKETS = 1 << (31 - BUCKET_SHIFT)  # NB: every non-negative float32 has a bucket
-EXACT_FLOOR = 2.0**-29  # smallest float32 that is a multiple of 2**-52 (exact float64 sums)
+BUCKET_SHIFT = 18  # float32 bits >> 18: exponent and the 5 leading mantissa bits
+BUCKETS = 1 << (31 - BUCKET_SHIFT)  # every non-negative float32 has a bucket
+# The bucket 2**-29 opens: the smallest float32 that is a multiple of 2**-52 (exact float64
+# sums). The boundary is looked for from there up (NB buckets); below it, the row is uncertain.
+EXACT_BUCKET = (127 - 29) << (23 - BUCKET_SHIFT)
 MAX_BAND = 16_384  # largest boundary bucket sorted; a wider one takes the dense truncate
 # A boundary bucket whose every token is kept is certain when the mass up to it exceeds
 # top_p by this much: float32 rounding of c_i and c_i - s_i (< 2**-22 near 1) cannot undo it.
@@ -47,8 +49,8 @@ class Nucleus:
 
 
 def bucket_mass(probs: torch.Tensor) -> torch.Tensor:
-    """The float64 mass (R, NB) of probs (R, V) float32 >= 0 in each bucket, exact for the
-    buckets of values >= EXACT_FLOOR. Runs in chunks that stay in cache."""
+    """The float64 mass (R, NB) of probs (R, V) float32 >= 0 in each bucket from
+    EXACT_BUCKET up, exact. Runs in chunks that stay in cache."""
     R, V = probs.shape
     width = max(1, min(V, CHUNK // R))  # tokens per pass
     mass = torch.zeros(R, BUCKETS, dtype=torch.float64, device=probs.device)  # (R, NB)
@@ -62,7 +64,7 @@ def bucket_mass(probs: torch.Tensor) -> torch.Tensor:
                                   out=bits[:R * w].view(R, w))
         mass.scatter_add_(1, index[:R * w].view(R, w).copy_(bits[:R * w].view(R, w)),
                           values[:R * w].view(R, w).copy_(chunk))
-    return mass
+    return mass[:, EXACT_BUCKET:]  # (R, NB)
 
 
 def bucket_edges(bucket: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,8 +110,10 @@ def nucleus(probs: torch.Tensor, top_p: float) -> Nucleus:
     R = probs.shape[0]
     mass = bucket_mass(probs)  # (R, NB)
     up_to = mass.flip(-1).cumsum(-1).flip(-1)  # (R, NB) mass of the bucket and all above
-    bucket = ((up_to >= top_p).sum(-1) - 1).clamp_min(0)  # (R,) where the cut falls
-    above = (up_to - mass).gather(1, bucket[:, None])  # (R, 1) exact mass above the bucket
+    reached = (up_to >= top_p).sum(-1)  # (R,) 0: the cut falls below EXACT_BUCKET
+    index = (reached - 1).clamp_min(0)  # (R,) where the cut falls
+    bucket = index + EXACT_BUCKET  # (R,)
+    above = (up_to - mass).gather(1, index[:, None])  # (R, 1) exact mass above the bucket
     band, counts = boundary_band(probs, bucket)  # (R, N), (R,)
     N = band.shape[1]
     valid = torch.arange(N, device=probs.device) < counts[:, None]  # (R, N)
@@ -119,9 +123,7 @@ def nucleus(probs: torch.Tensor, top_p: float) -> Nucleus:
     floor = band.gather(1, (k - 1).clamp_min(0)[:, None])[:, 0]  # (R,)
     after = band.gather(1, k.clamp_max(N - 1)[:, None])[:, 0]  # (R,) first cut, if any
     cut_inside = k < counts  # (R,)
-    beyond = above[:, 0] + mass.gather(1, bucket[:, None])[:, 0] >= top_p + MARGIN  # (R,)
-    low, _ = bucket_edges(bucket)  # (R,)
-    certain = ((k >= 1) & (cut_inside | beyond) & (low >= EXACT_FLOOR)
-               & (up_to[:, 0] >= top_p))  # (R,)
+    beyond = up_to.gather(1, index[:, None])[:, 0] >= top_p + MARGIN  # (R,)
+    certain = (k >= 1) & (cut_inside | beyond) & (reached >= 1)  # (R,)
     return Nucleus(floor=torch.where(certain, floor, 0.0),
                    split=certain & cut_inside & (after == floor), certain=certain)

@@ -4,7 +4,7 @@ below it cut, and `split` exactly where the sort keeps only some of the tokens e
 Cases: flat rows (the nucleus is most of the vocabulary), rows of equal logits (ties at the
 boundary), a sweep of top-p over one row (boundaries at every place in a bucket, at bucket
 edges and at the total mass), and the forced fallbacks (a band over MAX_BAND, values below
-EXACT_FLOOR) that must report `certain` False.
+EXACT_BUCKET) that must report `certain` False.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def test_a_wide_band_is_uncertain(monkeypatch):
     assert not check_floor(probs, 0.9).any()
 
 
-def test_values_below_the_exact_floor_are_uncertain(monkeypatch):
+def test_a_boundary_below_the_exact_bucket_is_uncertain(monkeypatch):
     probs = rows(20_011, 1.0, R=4, seed=8)
-    monkeypatch.setattr(nucleus_module, "EXACT_FLOOR", 1.0)
+    monkeypatch.setattr(nucleus_module, "EXACT_BUCKET",
+                        (127 - 2) << (23 - nucleus_module.BUCKET_SHIFT))  # as if 2**-2 opened it
     assert not check_floor(probs, 0.9).any()
