@@ -216,9 +216,15 @@ def sample_tokens(probs: torch.Tensor, sampling: SamplingConfig, positions: torc
     # A split tie's winner may be a token the sort cut: only the whole row can tell.
     settled = candidates.complete & (candidates.values.gather(1, won)[:, 0] != candidates.split)
     if not bool(settled.all()):  # a tie at the k-th or the top-p boundary, a wide nucleus
-        rows = (~settled).nonzero()[:, 0]  # (n,)
+        rows = unsettled_rows(settled)
         tokens[rows] = unsettled_tokens(flat[rows], keys[rows], sampling)
     return tokens.view(B, L)
+
+
+def unsettled_rows(settled: torch.Tensor) -> torch.Tensor | slice:
+    """The rows (n,) where settled (R,) is False; every row as a slice (a view, not a copy
+    of the rows' probabilities)."""
+    return slice(None) if not bool(settled.any()) else (~settled).nonzero()[:, 0]
 
 
 def unsettled_tokens(probs: torch.Tensor, keys: torch.Tensor,
