@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mrp_dlm.decoding.candidates import MOST_CANDIDATES, Rescue, SpareHits, best_size
+
 EXPLORE_EVERY = 8  # rounds between two exploring plans (while a left-out source could pay)
 TIMING_REPEATS = 6  # timed samples of each cost before the plan uses them; the fastest counts
 HEAD, SELF = "head", "self"  # draft sources: a head step's logits, or the seed logits A
@@ -215,6 +217,8 @@ class DraftPlanner:
         self.rounds = 0  # rounds planned from learnt costs
         self.costs: dict[int, RoundCosts] = {}  # by batch key, once known
         self.probes: dict[int, CostProbe] = {}  # by batch key, while learning the costs
+        self.spares = {source: SpareHits() for source in self.sources}  # `candidates.py`
+        self.forced_size: int | None = None  # tests and benchmarks: this set size always
 
     def probe(self, key: int) -> CostProbe | None:
         """The cost probe of `key` while its costs are unknown (adaptive only)."""
@@ -245,6 +249,37 @@ class DraftPlanner:
                 if source in hopeful:
                     return hopeful
         return plan
+
+    @property
+    def most_size(self) -> int:
+        """The largest set size `set_size` may return."""
+        if self.forced_size is not None:
+            return self.forced_size
+        return MOST_CANDIDATES if self.adaptive else 1
+
+    def set_size(self, key: int, plan: tuple[str, ...]) -> int:
+        """Candidates per later draft of a round with `plan` (`candidates.py`): 1 (the draft
+        alone) unless adaptive with learnt costs, where the measured rates of the plan's
+        drafts and of their alternatives and the cost of a verify copy say a larger set
+        pays; `forced_size` if set."""
+        if self.forced_size is not None:
+            return self.forced_size
+        if not self.adaptive or key not in self.costs or not plan:
+            return 1
+        rates = [self.acceptance[source].rate(depth) for depth, source in enumerate(plan)]
+        rescues = [[self.spares[source].rescue(size) for size in range(1, MOST_CANDIDATES + 1)]
+                   for source in plan]
+        return best_size(rates, rescues, self.costs[key].copy)
+
+    def record_spares(self, sources: tuple[str, ...], rescue: Rescue) -> None:
+        """A round's alternatives at each row's first rejection, per source of the rejected
+        draft; kept only when adaptive."""
+        if self.adaptive and sources:
+            is_head = torch.tensor([s == HEAD for s in sources], device=rescue.depth.device)
+            head_rows = is_head[rescue.depth]  # (B,)
+            for source in self.sources:
+                rows = rescue.reached & (head_rows == (source == HEAD))  # (B,)
+                self.spares[source].add(rows, rescue.hits)
 
     def learn(self, key: int) -> None:
         """Keep the costs of `key` once its probe has enough samples."""
