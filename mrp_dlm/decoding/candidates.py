@@ -80,6 +80,12 @@ def stack(per_depth: list[tuple[torch.Tensor, torch.Tensor]]) -> Alternatives:
                         torch.stack([v for _, v in per_depth], dim=1))  # (B, D, A)
 
 
+def fitting(size: int, drafts: int, room: int) -> int:
+    """The largest set size up to `size` whose verify forward (the D = `drafts` later
+    drafts, the first draft and their alternatives) fits in `room` block copies."""
+    return max(1, min(size, 1 + (room - drafts - 1) // max(drafts, 1)))
+
+
 def copies(found: Alternatives, size: int) -> torch.Tensor:
     """The extra verify copies of a set of `size`: (B, D*(size-1), L), depth-major."""
     B, D, _, L = found.states.shape

@@ -219,6 +219,7 @@ class DraftPlanner:
         self.probes: dict[int, CostProbe] = {}  # by batch key, while learning the costs
         self.spares = {source: SpareHits() for source in self.sources}  # `candidates.py`
         self.forced_size: int | None = None  # tests and benchmarks: this set size always
+        self.largest_size = 1  # the largest set size chosen so far (sizes later calls' scratch)
 
     def probe(self, key: int) -> CostProbe | None:
         """The cost probe of `key` while its costs are unknown (adaptive only)."""
@@ -252,10 +253,10 @@ class DraftPlanner:
 
     @property
     def most_size(self) -> int:
-        """The largest set size `set_size` may return."""
-        if self.forced_size is not None:
-            return self.forced_size
-        return MOST_CANDIDATES if self.adaptive else 1
+        """The set size a call's scratch slots are sized for: the forced one, else the
+        largest chosen so far (a call allocates none it has not needed before; a set chosen
+        within a call that has no room for it waits for the next call)."""
+        return self.forced_size if self.forced_size is not None else self.largest_size
 
     def set_size(self, key: int, plan: tuple[str, ...]) -> int:
         """Candidates per later draft of a round with `plan` (`candidates.py`): 1 (the draft
@@ -269,7 +270,9 @@ class DraftPlanner:
         rates = [self.acceptance[source].rate(depth) for depth, source in enumerate(plan)]
         rescues = [[self.spares[source].rescue(size) for size in range(1, MOST_CANDIDATES + 1)]
                    for source in plan]
-        return best_size(rates, rescues, self.costs[key].copy)
+        size = best_size(rates, rescues, self.costs[key].copy)
+        self.largest_size = max(self.largest_size, size)
+        return size
 
     def record_spares(self, sources: tuple[str, ...], rescue: Rescue) -> None:
         """A round's alternatives at each row's first rejection, per source of the rejected

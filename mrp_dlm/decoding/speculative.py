@@ -228,7 +228,8 @@ class SpeculativeDecoder:
                 step.base.logits, rows.tokens, rows.eligible, context.schedule.mask_token_id,
                 rows.positions, threshold, self.sampling)  # (B, L)
             return Advance(torch.where(commit, tokens, rows.tokens))
-        size = self.planner.set_size(B, plan)
+        size = candidates.fitting(self.planner.set_size(B, plan), len(plan),
+                                  (context.width - context.start) // L)
         timer = Timer(rows.tokens.device, enabled=probe is not None)
         timer.start()
         drafts = draft(context.head, context.model, step.base, rows, plan, threshold,

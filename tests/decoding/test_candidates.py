@@ -78,6 +78,13 @@ def test_check_finds_the_alternative_at_each_rows_first_rejection():
     assert rescued.tolist() == [True, True, False] and slot.tolist()[:2] == [1, 0]
 
 
+def test_a_set_fits_the_scratch_slots():
+    assert candidates.fitting(4, drafts=3, room=13) == 4  # 4 + 3 * 3 copies
+    assert candidates.fitting(4, drafts=3, room=12) == 3
+    assert candidates.fitting(4, drafts=3, room=4) == 1  # the drafts alone
+    assert candidates.fitting(2, drafts=1, room=16) == 2
+
+
 def spares(rejected: int, hits: list[int]) -> SpareHits:
     return SpareHits(rejected, hits + [0] * (SPARES - len(hits)))
 
@@ -184,8 +191,11 @@ def test_adaptive_sets_equal_the_rule_and_measure_hits():
     config = spec_config(block_size, threshold, run.stops, adaptive=True)
     decoder = make_decoder(config, HEADS["mild"](model, seed))
     decoder.planner.costs[len(run.prompts)] = RoundCosts(head_step=0.0, copy=0.0)
+    first = generate(model, run.prompts, config, decoder)  # scratch for sets of 1: sized
+    assert decoder.planner.largest_size > 1  # for the largest chosen, from the next call on
+    assert decoder.verify_copies == 3 * decoder.planner.largest_size + 1
     result = generate(model, run.prompts, config, decoder)
-    assert result.token_ids == run.result.token_ids
+    assert first.token_ids == result.token_ids == run.result.token_ids
     measured = sum(s.rejected for s in decoder.planner.spares.values())
     assert measured > 0 and sum(sum(s.hits) for s in decoder.planner.spares.values()) > 0
     assert result.stats.rescued > 0
