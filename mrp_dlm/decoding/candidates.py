@@ -63,7 +63,8 @@ def alternatives(before: torch.Tensor, draft: torch.Tensor, eligible: torch.Tens
     self_draft: (B, L) the rule's step on A over S_j, or None (the draft is one).
     """
     rank = rank_positions(confidence, eligible)  # (B, L)
-    singles = [torch.where(eligible & (rank == r), tokens, before) for r in range(SPARES)]
+    # one single more than the slots: the top one is often the draft itself
+    singles = [torch.where(eligible & (rank == r), tokens, before) for r in range(SPARES + 1)]
     kinds = torch.stack(([] if self_draft is None else [self_draft]) + singles, dim=1)  # (B, n, L)
     same = (kinds[:, :, None] == kinds[:, None]).all(dim=3)  # (B, n, n)
     earlier = torch.ones_like(same[0]).tril(diagonal=-1)  # (n, n) j < i

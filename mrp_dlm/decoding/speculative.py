@@ -31,6 +31,9 @@ block state S_0 (the seed):
   another.
 - commit: the block becomes the last accepted state S_n, and the verify slice of S_n seeds
   the next round, so its first draft is the backbone's free bonus step (no extra forward).
+- candidate sets (`candidates.py`, a size the planner picks, 1 = none): the verify forward
+  also holds alternatives of each later draft; where S_{n+1} was rejected, an alternative
+  equal to the backbone's step on S_n is kept as S_{n+1} and seeds the next round.
 
 Every committed state is the backbone's own step (with the rule's own draws) on the state
 before it, so the output equals the rule's decode token for token (up to float rounding:

@@ -44,8 +44,13 @@ def test_alternatives_are_distinct_candidates_packed_first():
     assert valid[1].tolist() == [False, False, False]
     # without a self-draft (a self-draft's own alternatives), the singles only
     states, valid = candidates.alternatives(before, draft, eligible, confidence, tokens, None)
-    assert valid[0].tolist() == [True, True, False]
+    assert valid[0].tolist() == [True, True, False]  # three masked positions: two singles
     assert states[0, :2].tolist() == [[1, M, M, 6], [1, 4, M, M]]
+    wide = torch.tensor([[M] * 5])  # five: the singles ranked 2nd to 4th fill every slot
+    states, valid = candidates.alternatives(wide, torch.tensor([[7, M, M, M, M]]), wide == M,
+                                            torch.tensor([[0.9, 0.8, 0.7, 0.6, 0.5]]),
+                                            torch.full((1, 5), 7), None)
+    assert valid.all() and states[0, :, 1:4].tolist() == [[7, M, M], [M, 7, M], [M, M, 7]]
 
 
 def test_a_set_draft_has_its_top_single_as_an_alternative():
