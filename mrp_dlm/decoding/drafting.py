@@ -56,6 +56,7 @@ class RoundCosts:
 
     head_step: float  # a head step (head layers, logits, the rule's pick)
     copy: float  # one more block copy in the verify forward
+    forward: float = 0.0  # seconds of a one-copy forward (0: not timed)
 
     def of(self, source: str) -> float:
         """A draft of `source`: its verify copy, and a head draft its head step."""
@@ -199,7 +200,8 @@ class CostProbe:
         one = min(self.forward)
         v = max(wider)
         head_step = min(self.head_steps) / one if self.head_steps else 0.0
-        return RoundCosts(head_step=head_step, copy=max(wider[v] - one, 0.0) / (one * (v - 1)))
+        return RoundCosts(head_step=head_step, copy=max(wider[v] - one, 0.0) / (one * (v - 1)),
+                          forward=one)
 
 
 class DraftPlanner:
@@ -219,7 +221,8 @@ class DraftPlanner:
         self.probes: dict[int, CostProbe] = {}  # by batch key, while learning the costs
         self.spares = {source: SpareHits() for source in self.sources}  # `candidates.py`
         self.forced_size: int | None = None  # tests and benchmarks: this set size always
-        self.largest_size = 1  # the largest set size chosen so far (sizes later calls' scratch)
+        self.chosen: dict[int, int] = {}  # by batch key, the set size chosen last
+        self.set_rounds: dict[tuple[int, int], list[float]] = {}  # (key, copies) -> verify s
 
     def probe(self, key: int) -> CostProbe | None:
         """The cost probe of `key` while its costs are unknown (adaptive only)."""
@@ -254,9 +257,11 @@ class DraftPlanner:
     @property
     def most_size(self) -> int:
         """The set size a call's scratch slots are sized for: the forced one, else the
-        largest chosen so far (a call allocates none it has not needed before; a set chosen
-        within a call that has no room for it waits for the next call)."""
-        return self.forced_size if self.forced_size is not None else self.largest_size
+        largest chosen last per batch key (a call allocates none it was not last chosen; a
+        set chosen within a call that has no room for it waits for the next call)."""
+        if self.forced_size is not None:
+            return self.forced_size
+        return max(self.chosen.values(), default=1)
 
     def set_size(self, key: int, plan: tuple[str, ...]) -> int:
         """Candidates per later draft of a round with `plan` (`candidates.py`): 1 (the draft
@@ -270,9 +275,30 @@ class DraftPlanner:
         rates = [self.acceptance[source].rate(depth) for depth, source in enumerate(plan)]
         rescues = [[self.spares[source].rescue(size) for size in range(1, MOST_CANDIDATES + 1)]
                    for source in plan]
-        size = best_size(rates, rescues, self.costs[key].copy)
-        self.largest_size = max(self.largest_size, size)
-        return size
+        copies = {size: self.set_copy(key, len(plan), size)
+                  for size in range(2, MOST_CANDIDATES + 1)}
+        self.chosen[key] = best_size(rates, rescues, copies)
+        return self.chosen[key]
+
+    def set_copy(self, key: int, drafts: int, size: int) -> float:
+        """What one alternative's verify copy costs in a round of `drafts` later drafts and
+        sets of `size`, in denoise forwards: timed on such rounds once TIMING_REPEATS are in
+        (a wider verify, and the wider scratch it needs, can cost more per copy than the
+        probe's K + 1 copies say), else the probe's copy cost."""
+        costs, v = self.costs[key], drafts + 1
+        copies = v + drafts * (size - 1)
+        seconds = self.set_rounds.get((key, copies), [])
+        if len(seconds) < TIMING_REPEATS or not costs.forward:
+            return costs.copy
+        drafts_only = costs.forward * (1 + (v - 1) * costs.copy)
+        return max(min(seconds) - drafts_only, 0.0) / (costs.forward * (copies - v))
+
+    def times_sets(self, key: int, size: int, copies: int) -> bool:
+        """Whether a round of `copies` verify copies with sets of `size` is to be timed."""
+        return size > 1 and len(self.set_rounds.get((key, copies), [])) < TIMING_REPEATS
+
+    def add_set_round(self, key: int, copies: int, seconds: float) -> None:
+        self.set_rounds.setdefault((key, copies), []).append(seconds)
 
     def record_spares(self, sources: tuple[str, ...], rescue: Rescue) -> None:
         """A round's alternatives at each row's first rejection, per source of the rejected

@@ -233,7 +233,9 @@ class SpeculativeDecoder:
             return Advance(torch.where(commit, tokens, rows.tokens))
         size = candidates.fitting(self.planner.set_size(B, plan), len(plan),
                                   (context.width - context.start) // L)
-        timer = Timer(rows.tokens.device, enabled=probe is not None)
+        copies = len(plan) + 1 + len(plan) * (size - 1)  # the verify's, unless drafting stops
+        timer = Timer(rows.tokens.device,
+                      enabled=probe is not None or self.planner.times_sets(B, size, copies))
         timer.start()
         drafts = draft(context.head, context.model, step.base, rows, plan, threshold,
                        self.sampling, spares=self.planner.adaptive or size > 1)
@@ -251,6 +253,8 @@ class SpeculativeDecoder:
                 probe.add_round(drafts.sources.count(HEAD), draft_seconds, verdict.copies,
                                 seconds)
             self.planner.learn(B)
+        elif size > 1 and timer.enabled:  # a set's own cost, for the next set sizes
+            self.planner.add_set_round(B, verdict.copies, timer.stop())
         later = (verdict.accepted - 1).clamp_min(0)  # (B,) drafts after the first accepted
         if m > 1:
             context.counters.add_rounds(later + verdict.rescued, drafts.valid[:, 1])

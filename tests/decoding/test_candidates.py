@@ -19,7 +19,7 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding import candidates
 from mrp_dlm.decoding.candidates import MOST_CANDIDATES, SPARES, SpareHits, best_size
-from mrp_dlm.decoding.drafting import HEAD, SELF, DraftPlanner, RoundCosts
+from mrp_dlm.decoding.drafting import HEAD, SELF, TIMING_REPEATS, DraftPlanner, RoundCosts
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.driver import generate
 from test_mrp_modes import HEADS, MAX_NEW, SAMPLINGS, SPEC_MODELS, backbone, describe_mismatch, rule_run
@@ -104,7 +104,7 @@ def spares(rejected: int, hits: list[int]) -> SpareHits:
 def test_set_size_follows_measured_hits_and_copy_cost(rates, hits, copy, want):
     hit = spares(100, hits)
     rescues = [[hit.rescue(size) for size in range(1, MOST_CANDIDATES + 1)]] * len(rates)
-    assert best_size(rates, rescues, copy) == want
+    assert best_size(rates, rescues, dict.fromkeys(range(2, MOST_CANDIDATES + 1), copy)) == want
     planner = DraftPlanner(lookahead=3, adaptive=True)
     plan = (HEAD,) * len(rates)
     assert planner.set_size(1, plan) == 1  # costs not learnt yet
@@ -114,8 +114,33 @@ def test_set_size_follows_measured_hits_and_copy_cost(rates, hits, copy, want):
         planner.acceptance[HEAD].add(depth, 1000, round(1000 * rate))
     assert planner.set_size(1, plan) == want
     assert planner.set_size(1, ()) == 1  # no later draft, no set
+    assert planner.most_size == want  # the next call's scratch holds the chosen set
     planner.forced_size = 3
-    assert planner.set_size(1, plan) == 3
+    assert planner.set_size(1, plan) == 3 == planner.most_size
+
+
+def test_set_size_follows_the_timed_cost_of_rounds_with_sets():
+    # The probe's copy cost says sets pay; rounds with them, once timed, say they do not
+    # (their wider verify costs 0.3 forwards per alternative): each size is tried until
+    # timed, then the draft alone again.
+    planner = DraftPlanner(lookahead=3, adaptive=True)
+    planner.costs[1] = RoundCosts(head_step=0.1, copy=0.02, forward=0.01)
+    planner.spares[HEAD] = spares(100, [60, 5, 5])
+    for depth in range(3):
+        planner.acceptance[HEAD].add(depth, 1000, 500)
+    plan, tried = (HEAD,) * 3, []
+    while (size := planner.set_size(1, plan)) > 1:
+        copies = 4 + 3 * (size - 1)
+        assert size not in tried and planner.times_sets(1, size, copies)
+        for _ in range(TIMING_REPEATS):
+            planner.add_set_round(1, copies, 0.01 * (1 + 3 * 0.02) + 0.01 * 3 * (size - 1) * 0.3)
+        assert not planner.times_sets(1, size, copies)
+        assert planner.set_copy(1, 3, size) == pytest.approx(0.3)
+        tried.append(size)
+    assert tried[0] == 2 and planner.most_size == 1
+    # cheap when timed too: the set stays
+    planner.set_rounds = {(1, 7): [0.01 * (1 + 3 * 0.02) + 0.01 * 3 * 0.01] * TIMING_REPEATS}
+    assert planner.set_size(1, plan) > 1
 
 
 def test_spare_hits_count_rows_of_their_source():
@@ -197,8 +222,8 @@ def test_adaptive_sets_equal_the_rule_and_measure_hits():
     decoder = make_decoder(config, HEADS["mild"](model, seed))
     decoder.planner.costs[len(run.prompts)] = RoundCosts(head_step=0.0, copy=0.0)
     first = generate(model, run.prompts, config, decoder)  # scratch for sets of 1: sized
-    assert decoder.planner.largest_size > 1  # for the largest chosen, from the next call on
-    assert decoder.verify_copies == 3 * decoder.planner.largest_size + 1
+    assert decoder.planner.most_size > 1  # for the set chosen, from the next call on
+    assert decoder.verify_copies == 3 * decoder.planner.most_size + 1
     result = generate(model, run.prompts, config, decoder)
     assert first.token_ids == result.token_ids == run.result.token_ids
     measured = sum(s.rejected for s in decoder.planner.spares.values())
