@@ -28,6 +28,13 @@ explored for ever, and one whose rate has grown is seen).
 Without a head only self-drafts exist; with `adaptive` off every round drafts the
 lookahead from the head (self-drafts without one).
 
+Given the plan, the planner also sizes the round's candidate sets (`candidates.py`: each
+later draft with up to 3 alternatives, as extra verify copies): from each source's
+measured acceptance, the measured share of its rejections an alternative slot would have
+caught (`SpareHits`, counted every round) and the copy cost, taken from rounds with that
+set size once TIMING_REPEATS of them are timed (a wider verify and its wider scratch can
+cost more per copy than the probe's). Not adaptive: size 1 (none).
+
 The output never depends on any of this: every committed state is still the backbone's
 own step (see `speculative.py`). Only the work per round does.
 
