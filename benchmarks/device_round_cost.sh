@@ -4,7 +4,13 @@
 # in bfloat16: verify forwards of 2-6 and 8 copies (a FreeDave-sized candidate set), head
 # steps, and the projected speed of head drafts and of self-drafts (no head: a round costs
 # its verify copies only). Writes $OUT/round_cost/round_cost.json, round_cost.md and log.txt.
-# Expected well under 8 minutes on one H200 (a hard stop at 7.5); nothing is installed:
+# Part `sets`: benchmarks/candidate_sets.py on the embedded model and its head, float32,
+# batch 1 and 8: head drafts and self-drafts at τ 0.9 and 1.0, candidate sets forced to 1, 2
+# and 4 and the adaptive decoder's own choice, measured decodes (how often the set holds
+# the backbone's step, tokens per forward, wall clock against size 1, ids equal to size 1).
+# Writes $OUT/candidate_sets/batch{1,8}/candidate_sets.json and log.txt.
+# Expected: part `costs` (the default) well under 8 minutes on one H200 (a hard stop at
+# 7.5), part `sets` under 5 (hard stops at 2.5 + 2); nothing is installed:
 # the script puts the checkout on sys.path, and the machine's python3 has torch,
 # safetensors, tokenizers and jinja2.
 #
@@ -15,13 +21,28 @@
 #     for d in sdar-4b-chat sdar-8b-chat; do mkdir -p .fixtures/$d
 #         cp ../shared/fixtures/$d/{config,generation_config}.json .fixtures/$d/; done
 #     run(command="bash benchmarks/device_round_cost.sh", carry=[".fixtures"], timeout_s=540)
+#     run(command="bash benchmarks/device_round_cost.sh sets", timeout_s=330)
 # Without them (and without ../shared/fixtures) only the embedded model is timed.
 #
-# Usage: bash benchmarks/device_round_cost.sh [FIXTURES_DIR]
+# Usage: bash benchmarks/device_round_cost.sh [costs|sets] [FIXTURES_DIR]
 set -euo pipefail
 : "${OUT:?OUT must name the output folder}"
 cd "$(dirname "$0")/.."
-fixtures=${1:-}
+part=${1:-costs}
+if [ "$part" = sets ]; then
+    # a timeout ends one batch only (the other's results still come back)
+    for batch in 1 8; do
+        dir="$OUT/candidate_sets/batch$batch"
+        mkdir -p "$dir"
+        limit=$([ "$batch" = 1 ] && echo 150 || echo 120)
+        PYTHONUNBUFFERED=1 timeout "$limit" python3 benchmarks/candidate_sets.py \
+            --device cuda --problems 3 --repeats 2 --sizes 1,2,4,auto --batch "$batch" \
+            --out "$dir" 2>&1 | tee "$dir/log.txt" || echo "batch $batch: exit $?" >&2
+    done
+    exit 0
+fi
+[ "$part" = costs ] || { echo "unknown part $part (costs or sets)" >&2; exit 2; }
+fixtures=${2:-}
 for candidate in .fixtures ../shared/fixtures; do
     if [ -z "$fixtures" ] && [ -d "$candidate/sdar-8b-chat" ]; then fixtures=$candidate; fi
 done

@@ -28,6 +28,13 @@ explored for ever, and one whose rate has grown is seen).
 Without a head only self-drafts exist; with `adaptive` off every round drafts the
 lookahead from the head (self-drafts without one).
 
+Given the plan, the planner also sizes the round's candidate sets (`candidates.py`: each
+later draft with up to 3 alternatives, as extra verify copies): from each source's
+measured acceptance, the measured share of its rejections an alternative slot would have
+caught (`SpareHits`, counted every round) and the copy cost, taken from rounds with that
+set size once TIMING_REPEATS of them are timed (a wider verify and its wider scratch can
+cost more per copy than the probe's). Not adaptive: size 1 (none).
+
 The output never depends on any of this: every committed state is still the backbone's
 own step (see `speculative.py`). Only the work per round does.
 
@@ -42,6 +49,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mrp_dlm.decoding.candidates import MOST_CANDIDATES, Rescue, SpareHits, best_size
+
 EXPLORE_EVERY = 8  # rounds between two exploring plans (while a left-out source could pay)
 TIMING_REPEATS = 6  # timed samples of each cost before the plan uses them; the fastest counts
 HEAD, SELF = "head", "self"  # draft sources: a head step's logits, or the seed logits A
@@ -54,6 +63,7 @@ class RoundCosts:
 
     head_step: float  # a head step (head layers, logits, the rule's pick)
     copy: float  # one more block copy in the verify forward
+    forward: float = 0.0  # seconds of a one-copy forward (0: not timed)
 
     def of(self, source: str) -> float:
         """A draft of `source`: its verify copy, and a head draft its head step."""
@@ -197,7 +207,8 @@ class CostProbe:
         one = min(self.forward)
         v = max(wider)
         head_step = min(self.head_steps) / one if self.head_steps else 0.0
-        return RoundCosts(head_step=head_step, copy=max(wider[v] - one, 0.0) / (one * (v - 1)))
+        return RoundCosts(head_step=head_step, copy=max(wider[v] - one, 0.0) / (one * (v - 1)),
+                          forward=one)
 
 
 class DraftPlanner:
@@ -215,6 +226,10 @@ class DraftPlanner:
         self.rounds = 0  # rounds planned from learnt costs
         self.costs: dict[int, RoundCosts] = {}  # by batch key, once known
         self.probes: dict[int, CostProbe] = {}  # by batch key, while learning the costs
+        self.spares = {source: SpareHits() for source in self.sources}  # `candidates.py`
+        self.forced_size: int | None = None  # tests and benchmarks: this set size always
+        self.chosen: dict[int, int] = {}  # by batch key, the set size chosen last
+        self.set_rounds: dict[tuple[int, int], list[float]] = {}  # (key, copies) -> verify s
 
     def probe(self, key: int) -> CostProbe | None:
         """The cost probe of `key` while its costs are unknown (adaptive only)."""
@@ -245,6 +260,62 @@ class DraftPlanner:
                 if source in hopeful:
                     return hopeful
         return plan
+
+    @property
+    def most_size(self) -> int:
+        """The set size a call's scratch slots are sized for: the forced one, else the
+        largest chosen last per batch key (a call allocates none it was not last chosen; a
+        set chosen within a call that has no room for it waits for the next call)."""
+        if self.forced_size is not None:
+            return self.forced_size
+        return max(self.chosen.values(), default=1)
+
+    def set_size(self, key: int, plan: tuple[str, ...]) -> int:
+        """Candidates per later draft of a round with `plan` (`candidates.py`): 1 (the draft
+        alone) unless adaptive with learnt costs, where the measured rates of the plan's
+        drafts and of their alternatives and the cost of a verify copy say a larger set
+        pays; `forced_size` if set."""
+        if self.forced_size is not None:
+            return self.forced_size
+        if not self.adaptive or key not in self.costs or not plan:
+            return 1
+        rates = [self.acceptance[source].rate(depth) for depth, source in enumerate(plan)]
+        rescues = [[self.spares[source].rescue(size) for size in range(1, MOST_CANDIDATES + 1)]
+                   for source in plan]
+        copies = {size: self.set_copy(key, len(plan), size)
+                  for size in range(2, MOST_CANDIDATES + 1)}
+        self.chosen[key] = best_size(rates, rescues, copies)
+        return self.chosen[key]
+
+    def set_copy(self, key: int, drafts: int, size: int) -> float:
+        """What one alternative's verify copy costs in a round of `drafts` later drafts and
+        sets of `size`, in denoise forwards: timed on such rounds once TIMING_REPEATS are in
+        (a wider verify, and the wider scratch it needs, can cost more per copy than the
+        probe's K + 1 copies say), else the probe's copy cost."""
+        costs, v = self.costs[key], drafts + 1
+        copies = v + drafts * (size - 1)
+        seconds = self.set_rounds.get((key, copies), [])
+        if len(seconds) < TIMING_REPEATS or not costs.forward:
+            return costs.copy
+        drafts_only = costs.forward * (1 + (v - 1) * costs.copy)
+        return max(min(seconds) - drafts_only, 0.0) / (costs.forward * (copies - v))
+
+    def times_sets(self, key: int, size: int, copies: int) -> bool:
+        """Whether a round of `copies` verify copies with sets of `size` is to be timed."""
+        return size > 1 and len(self.set_rounds.get((key, copies), [])) < TIMING_REPEATS
+
+    def add_set_round(self, key: int, copies: int, seconds: float) -> None:
+        self.set_rounds.setdefault((key, copies), []).append(seconds)
+
+    def record_spares(self, sources: tuple[str, ...], rescue: Rescue) -> None:
+        """A round's alternatives at each row's first rejection, per source of the rejected
+        draft; kept only when adaptive."""
+        if self.adaptive and sources:
+            is_head = torch.tensor([s == HEAD for s in sources], device=rescue.depth.device)
+            head_rows = is_head[rescue.depth]  # (B,)
+            for source in self.sources:
+                rows = rescue.reached & (head_rows == (source == HEAD))  # (B,)
+                self.spares[source].add(rows, rescue.hits)
 
     def learn(self, key: int) -> None:
         """Keep the costs of `key` once its probe has enough samples."""

@@ -85,11 +85,13 @@ class Counters:
     row_forwards: torch.Tensor  # (2,) int64, row forwards: all, and denoise/verify only
     vetoed: torch.Tensor  # () int64, remask proposals sent back to mask
     drafts: torch.Tensor  # (2, 2) int64, speculative drafts by source: made, accepted
+    rescued: torch.Tensor  # () int64, speculative rounds that kept an alternative candidate
 
     @classmethod
     def start(cls, copies: int, device: torch.device) -> "Counters":
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-        return cls(DecodeStats(), zeros(), zeros(copies), zeros(2), zeros(), zeros(2, 2))
+        return cls(DecodeStats(), zeros(), zeros(copies), zeros(2), zeros(), zeros(2, 2),
+                   zeros())
 
     def add_prefill(self, rows: int) -> None:
         self.stats.prefill_forwards += 1
@@ -119,6 +121,10 @@ class Counters:
     def add_rounds(self, accepted: torch.Tensor, counted: torch.Tensor) -> None:
         """accepted: (B,) head drafts accepted per row; counted: (B,) rows that ran a round."""
         self.histogram += torch.bincount(accepted[counted], minlength=self.histogram.shape[0])
+
+    def add_rescued(self, rescued: torch.Tensor) -> None:
+        """rescued: (B,) 1 where a round kept an alternative after its accepted drafts."""
+        self.rescued += rescued.sum()
 
     def add_drafts(self, sources: tuple[str, ...], accepted: torch.Tensor,
                    valid: torch.Tensor) -> None:
@@ -304,7 +310,8 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     L, device = schedule.block_size, model.lm_head.weight.device
     layout = plan_layout([len(p) for p in prompts], L, config.max_new_tokens)
     tokens, positions, key_valid = build_buffers(prompts, layout, schedule.mask_token_id, device)
-    slots = layout.total_slots + (decoder.copies - 1) * L
+    # a speculative decoder's verify forward may hold more copies than its drafts (sets)
+    slots = layout.total_slots + (getattr(decoder, "verify_copies", decoder.copies) - 1) * L
     slots = -(-slots // SLOT_BUCKET) * SLOT_BUCKET
     cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads, slots,
                     model.config.head_dim, model.lm_head.weight.dtype, device)
@@ -358,6 +365,7 @@ def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule:
     stats = counters.stats
     stats.committed = int(counters.committed)
     stats.vetoed = int(counters.vetoed)
+    stats.rescued = int(counters.rescued)
     (stats.head_drafts, stats.head_drafts_accepted), (stats.self_drafts,
                                                       stats.self_drafts_accepted) = (
         counters.drafts.tolist())

@@ -31,6 +31,9 @@ block state S_0 (the seed):
   another.
 - commit: the block becomes the last accepted state S_n, and the verify slice of S_n seeds
   the next round, so its first draft is the backbone's free bonus step (no extra forward).
+- candidate sets (`candidates.py`, a size the planner picks, 1 = none): the verify forward
+  also holds alternatives of each later draft; where S_{n+1} was rejected, an alternative
+  equal to the backbone's step on S_n is kept as S_{n+1} and seeds the next round.
 
 Every committed state is the backbone's own step (with the rule's own draws) on the state
 before it, so the output equals the rule's decode token for token (up to float rounding:
@@ -48,10 +51,13 @@ from dataclasses import dataclass
 import torch
 
 from mrp_dlm.config import DecodeConfig
+from mrp_dlm.decoding import candidates
+from mrp_dlm.decoding.candidates import Alternatives, Rescue
 from mrp_dlm.decoding.drafting import HEAD, SELF, DraftPlanner, Timer
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.head_cache import HeadSteps
-from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, draw_index, propose, repeat_rows
+from mrp_dlm.decoding.sampling import (GREEDY, Proposal, SamplingConfig, draw_index, propose,
+                                       repeat_rows)
 from mrp_dlm.decoding.selection import select_dynamic, threshold_pick
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.decoding.strategies import sampling_of
@@ -64,6 +70,7 @@ class Drafts:
     valid: torch.Tensor  # (B, m) bool, the draft revealed a position
     finished: bool  # no row has a masked position left in S_m
     sources: tuple[str, ...] = ()  # m - 1 entries: HEAD or SELF, the source of S_2 .. S_m
+    alternatives: Alternatives | None = None  # of S_2 .. S_m (`candidates.py`), if built
 
     @property
     def verified(self) -> int:
@@ -72,13 +79,14 @@ class Drafts:
 
 
 def draft(head: HeadSteps | None, backbone: HeadBackbone, seed: BackboneStep, rows: BlockRows,
-          sources: tuple[str, ...], threshold: float, sampling: SamplingConfig = GREEDY
-          ) -> Drafts:
+          sources: tuple[str, ...], threshold: float, sampling: SamplingConfig = GREEDY,
+          spares: bool = False) -> Drafts:
     """Draft 1: the rule's step on the seed logits A; then one draft per entry of `sources`,
     none once no row has a masked position left. HEAD: a head step on the drafts so far,
     then the rule's step on A + sum C; SELF: the rule's step on A itself (no head forward).
     Each step runs on the positions still masked after the draft before it, sampled with
-    that state's draw key, as the verifier's step on it is.
+    that state's draw key, as the verifier's step on it is. `spares`: each later draft's
+    alternatives too (`candidates.alternatives`, no forward).
 
     seed: the backbone on rows.tokens; head: used only for HEAD drafts (None: none).
     Runs one head step per HEAD draft made (one host check per draft).
@@ -89,20 +97,27 @@ def draft(head: HeadSteps | None, backbone: HeadBackbone, seed: BackboneStep, ro
     # greedy self-draft reuses it (a sampled one draws anew with its own state's key).
     on_seed = propose(seed.logits, mask_token_id, sampling, rows.positions,
                       draw_index(state, mask_token_id))
-    states, valid, made = [], [], []
+
+    def on_seed_at(state: torch.Tensor) -> Proposal:
+        """The rule's proposal on A for `state`'s draw key."""
+        return on_seed if sampling.greedy else propose(
+            seed.logits, mask_token_id, sampling, rows.positions, draw_index(state, mask_token_id))
+
+    states, valid, made, spare = [], [], [], []
     for source in (SELF, *sources):
         if source == HEAD:
             accumulator = head.advance(state, accumulator)  # (B, L, H)
-            logits = backbone.logits(accumulator)  # (B, L, V): A + sum C
-        elif not made or sampling.greedy:
-            logits = None
+            proposal = propose(backbone.logits(accumulator), mask_token_id, sampling,
+                               rows.positions, draw_index(state, mask_token_id))  # A + sum C
         else:
-            logits = seed.logits
-        proposal = on_seed if logits is None else propose(
-            logits, mask_token_id, sampling, rows.positions, draw_index(state, mask_token_id))
-        commit = select_dynamic(proposal.confidence, eligible, 1, threshold)  # (B, L)
-        tokens = proposal.tokens  # (B, L)
-        state = torch.where(commit, tokens, state)  # (B, L)
+            proposal = on_seed_at(state) if made else on_seed
+        before, state = state, rule_step(proposal, state, eligible, threshold)  # (B, L)
+        commit = state != before  # (B, L) the step's reveals
+        if spares and made:
+            self_draft = None if source == SELF else rule_step(
+                on_seed_at(before), before, eligible, threshold)  # (B, L)
+            spare.append(candidates.alternatives(before, state, eligible, proposal.confidence,
+                                                 proposal.tokens, self_draft))
         states.append(state)
         valid.append(commit.any(dim=1))
         made.append(source)
@@ -111,31 +126,51 @@ def draft(head: HeadSteps | None, backbone: HeadBackbone, seed: BackboneStep, ro
         if finished:
             break
     return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished,
-                  tuple(made[1:]))
+                  tuple(made[1:]), candidates.stack(spare) if spare else None)
 
 
-def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_token_id: int,
-           positions: torch.Tensor, threshold: float,
-           sampling: SamplingConfig = GREEDY) -> torch.Tensor:
-    """Drafts accepted per row (B,): 1 + the leading later drafts the backbone agrees with.
+def rule_step(proposal: Proposal, state: torch.Tensor, eligible: torch.Tensor,
+              threshold: float) -> torch.Tensor:
+    """The rule's next state (B, L) from state (B, L) with `proposal`'s tokens."""
+    commit = select_dynamic(proposal.confidence, eligible, 1, threshold)  # (B, L)
+    return torch.where(commit, proposal.tokens, state)
+
+
+def backbone_steps(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor,
+                   mask_token_id: int, positions: torch.Tensor, threshold: float,
+                   sampling: SamplingConfig = GREEDY) -> torch.Tensor:
+    """The backbone's own step (B, K, L) on each of S_1 .. S_K, K = m - 1.
 
     logits: (B, v, L, V) backbone logits of the verify states S_1 .. S_v, v >= m - 1;
-    frozen: (B, L) bool positions the rule never reveals (prompt, finished rows). Draft
-    j + 1 stands while the backbone's own step on S_j reveals the same positions with the
-    same tokens.
+    frozen: (B, L) bool positions the rule never reveals (prompt, finished rows).
     """
     B, M, L = drafts.states.shape
     K = M - 1
-    if K == 0:
-        return drafts.valid[:, 0].long()
     states = drafts.states[:, :-1].reshape(B * K, L)  # S_1 .. S_K as rows
     rows_logits = logits[:, :K].reshape(B * K, L, -1)  # (B*K, L, V)
     eligible = (states == mask_token_id) & ~frozen.repeat_interleave(K, dim=0)  # (B*K, L)
     commit, tokens = threshold_pick(rows_logits, states, eligible, mask_token_id,
                                     positions.repeat_interleave(K, dim=0), threshold,
                                     repeat_rows(sampling, K))
-    backbone_next = torch.where(commit, tokens, states).view(B, K, L)  # its S_{j+1}
-    agree = (backbone_next == drafts.states[:, 1:]).all(dim=2) & drafts.valid[:, 1:]  # (B, K)
+    return torch.where(commit, tokens, states).view(B, K, L)  # its S_{j+1}
+
+
+def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_token_id: int,
+           positions: torch.Tensor, threshold: float,
+           sampling: SamplingConfig = GREEDY) -> torch.Tensor:
+    """Drafts accepted per row (B,): 1 + the leading later drafts the backbone agrees with
+    (arguments as `backbone_steps`)."""
+    if drafts.states.shape[1] == 1:
+        return drafts.valid[:, 0].long()
+    return count_accepted(drafts, backbone_steps(drafts, logits, frozen, mask_token_id,
+                                                 positions, threshold, sampling))
+
+
+def count_accepted(drafts: Drafts, steps: torch.Tensor) -> torch.Tensor:
+    """Drafts accepted per row (B,), m > 1. steps: (B, m - 1, L) the backbone's own step on
+    S_1 .. S_{m-1}; draft j + 1 stands while the backbone's own step on S_j reveals the same
+    positions with the same tokens."""
+    agree = (steps == drafts.states[:, 1:]).all(dim=2) & drafts.valid[:, 1:]  # (B, K)
     return drafts.valid[:, 0].long() * (1 + agree.long().cumprod(dim=1).sum(dim=1))
 
 
@@ -152,10 +187,21 @@ def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
     rows = torch.arange(B, device=block.device)
     tokens = torch.where(moved, drafts.states[rows, index], block)  # (B, L)
     checked = index.clamp_max(v - 1)  # (B,)
-    hidden = check.hidden.view(B, v, L, -1)[rows, checked]  # (B, L, H)
-    logits = check.logits.view(B, v, L, -1)[rows, checked]  # (B, L, V)
+    hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, checked]  # (B, L, H)
+    logits = check.logits.view(B, -1, L, check.logits.shape[-1])[rows, checked]  # (B, L, V)
     return Advance(tokens, BackboneStep(torch.where(moved[..., None], hidden, seed.hidden),
                                         torch.where(moved[..., None], logits, seed.logits)))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a round's verify forward decided."""
+
+    advance: Advance  # the block after the round and the next seed
+    accepted: torch.Tensor  # (B,) states accepted (1 + later drafts), without rescues
+    rescued: torch.Tensor  # (B,) int64, 1 where an alternative was kept after them
+    rescue: Rescue | None  # the alternatives at each row's first rejection, if built
+    copies: int  # block copies the verify forward held
 
 
 class SpeculativeDecoder:
@@ -169,6 +215,12 @@ class SpeculativeDecoder:
         self.planner = DraftPlanner(config.lookahead, config.adaptive, head is not None)
         self.sampling = sampling_of(config)
 
+    @property
+    def verify_copies(self) -> int:
+        """Most block copies a verify forward holds (sizes the scratch slots): the drafts'
+        and, where the planner may run candidate sets, their alternatives'."""
+        return self.config.lookahead * self.planner.most_size + 1
+
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows, threshold = step.rows, self.config.threshold
         B, L = rows.tokens.shape
@@ -179,31 +231,62 @@ class SpeculativeDecoder:
                 step.base.logits, rows.tokens, rows.eligible, context.schedule.mask_token_id,
                 rows.positions, threshold, self.sampling)  # (B, L)
             return Advance(torch.where(commit, tokens, rows.tokens))
-        timer = Timer(rows.tokens.device, enabled=probe is not None)
+        size = candidates.fitting(self.planner.set_size(B, plan), len(plan),
+                                  (context.width - context.start) // L)
+        copies = len(plan) + 1 + len(plan) * (size - 1)  # the verify's, unless drafting stops
+        timer = Timer(rows.tokens.device,
+                      enabled=probe is not None or self.planner.times_sets(B, size, copies))
         timer.start()
         drafts = draft(context.head, context.model, step.base, rows, plan, threshold,
-                       self.sampling)
+                       self.sampling, spares=self.planner.adaptive or size > 1)
         draft_seconds = timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
         if v == 0 or (m == 1 and probe is None):  # no later draft: the rule's own step, as
             return Advance(drafts.states[:, 0])  # the rule runs it (the driver denoises next)
         timer.start()
-        check = context.verify(drafts.states[:, :v].reshape(B, v * L))
-        frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
-        accepted = accept(drafts, check.logits.view(B, v, L, -1), frozen,
-                          context.schedule.mask_token_id, rows.positions, threshold,
-                          self.sampling)  # (B,)
-        advance = take_accepted(drafts, check, accepted, rows.tokens, step.base)
+        verdict = self.verify(context, step, drafts, size)
         if probe:  # a round's verify time includes its accept: what a verify copy adds
             seconds = timer.stop()
             if m == 1:
                 probe.add_forward(seconds)
             else:
-                probe.add_round(drafts.sources.count(HEAD), draft_seconds, v, seconds)
+                probe.add_round(drafts.sources.count(HEAD), draft_seconds, verdict.copies,
+                                seconds)
             self.planner.learn(B)
-        later = (accepted - 1).clamp_min(0)  # (B,) drafts after the first accepted
+        elif size > 1 and timer.enabled:  # a set's own cost, for the next set sizes
+            self.planner.add_set_round(B, verdict.copies, timer.stop())
+        later = (verdict.accepted - 1).clamp_min(0)  # (B,) drafts after the first accepted
         if m > 1:
-            context.counters.add_rounds(later, drafts.valid[:, 1])  # rows that drafted
+            context.counters.add_rounds(later + verdict.rescued, drafts.valid[:, 1])
             context.counters.add_drafts(drafts.sources, later, drafts.valid[:, 1:])
+            context.counters.add_rescued(verdict.rescued)
             self.planner.record(drafts.sources, later, drafts.valid[:, 1:])
-        return advance
+            if verdict.rescue is not None:
+                self.planner.record_spares(drafts.sources, verdict.rescue)
+        return verdict.advance
+
+    def verify(self, context: BlockContext, step: Step, drafts: Drafts, size: int) -> Verdict:
+        """One forward over S_1 .. S_v and, with a set of `size` > 1, the alternatives'
+        copies; accept; keep the last accepted state or the alternative after it."""
+        B, M, L = drafts.states.shape
+        found, v = drafts.alternatives, drafts.verified
+        states = drafts.states[:, :v]  # (B, v, L)
+        if size > 1 and found is not None:
+            states = torch.cat((states, candidates.copies(found, size)), dim=1)  # (B, n, L)
+        check = context.verify(states.reshape(B, -1))
+        rescued, rescue = torch.zeros(B, dtype=torch.long, device=states.device), None
+        if M == 1:
+            accepted = drafts.valid[:, 0].long()  # (B,)
+        else:
+            frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
+            steps = backbone_steps(drafts, check.logits.view(B, states.shape[1], L, -1),
+                                   frozen, context.schedule.mask_token_id, step.rows.positions,
+                                   self.config.threshold, self.sampling)  # (B, M-1, L)
+            accepted = count_accepted(drafts, steps)  # (B,)
+            if found is not None:
+                rescue = candidates.check(found, steps, accepted, drafts.valid[:, 1:])
+        advance = take_accepted(drafts, check, accepted, step.rows.tokens, step.base)
+        if rescue is not None and states.shape[1] > v:
+            advance, kept = candidates.keep_rescued(advance, found, rescue, size, check, v)
+            rescued = kept.long()
+        return Verdict(advance, accepted, rescued, rescue, states.shape[1])

@@ -27,6 +27,7 @@ class DecodeStats:
     head_drafts_accepted: int = 0  # of which accepted
     self_drafts: int = 0  # speculative: self-drafts made (the rule on the seed logits), summed over rows
     self_drafts_accepted: int = 0  # of which accepted
+    rescued: int = 0  # speculative: rounds that kept an alternative candidate after their accepted drafts, summed over rows
     accept_histogram: list[int] = field(default_factory=list)  # rounds by drafts accepted
     seconds: float = 0.0  # wall time of the call
 

@@ -125,7 +125,8 @@ def test_cost_probe_without_a_head_times_self_drafted_rounds():
         probe.add_forward(0.01)
         assert probe.next_plan() == (SELF, SELF)
         probe.add_round(head_steps=0, draft_seconds=0.0, copies=3, verify_seconds=0.014)
-    assert probe.costs() == RoundCosts(head_step=0.0, copy=pytest.approx(0.2))
+    assert probe.costs() == RoundCosts(head_step=0.0, copy=pytest.approx(0.2),
+                                       forward=0.01)  # the fastest forward, in seconds
 
 
 def test_cost_probe_needs_a_verify_of_several_copies():
@@ -135,7 +136,8 @@ def test_cost_probe_needs_a_verify_of_several_copies():
         probe.add_round(head_steps=1, draft_seconds=0.003, copies=1, verify_seconds=0.01)
     assert probe.costs() is None  # every chain ended early: no copy cost seen yet
     probe.add_round(head_steps=2, draft_seconds=0.006, copies=3, verify_seconds=0.014)
-    assert probe.costs() == RoundCosts(head_step=pytest.approx(0.3), copy=pytest.approx(0.2))
+    assert probe.costs() == RoundCosts(head_step=pytest.approx(0.3), copy=pytest.approx(0.2),
+                                       forward=0.01)
 
 
 # --- end to end -----------------------------------------------------------------------------
