@@ -51,8 +51,9 @@ from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.drafting import HEAD, SELF, DraftPlanner, Timer
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.head_cache import HeadSteps
+from mrp_dlm.decoding.round import count_accepted, record_round, rule_steps
 from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, draw_index, propose, repeat_rows
-from mrp_dlm.decoding.selection import select_dynamic, threshold_pick
+from mrp_dlm.decoding.selection import select_dynamic
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
@@ -131,12 +132,10 @@ def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_toke
     states = drafts.states[:, :-1].reshape(B * K, L)  # S_1 .. S_K as rows
     rows_logits = logits[:, :K].reshape(B * K, L, -1)  # (B*K, L, V)
     eligible = (states == mask_token_id) & ~frozen.repeat_interleave(K, dim=0)  # (B*K, L)
-    commit, tokens = threshold_pick(rows_logits, states, eligible, mask_token_id,
-                                    positions.repeat_interleave(K, dim=0), threshold,
-                                    repeat_rows(sampling, K))
-    backbone_next = torch.where(commit, tokens, states).view(B, K, L)  # its S_{j+1}
-    agree = (backbone_next == drafts.states[:, 1:]).all(dim=2) & drafts.valid[:, 1:]  # (B, K)
-    return drafts.valid[:, 0].long() * (1 + agree.long().cumprod(dim=1).sum(dim=1))
+    steps = rule_steps(rows_logits, states, eligible, mask_token_id,
+                       positions.repeat_interleave(K, dim=0), threshold,
+                       repeat_rows(sampling, K))  # (B*K, L) its S_{j+1}
+    return count_accepted(drafts.states, drafts.valid, steps.view(B, K, L))
 
 
 def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
@@ -175,10 +174,9 @@ class SpeculativeDecoder:
         probe = self.planner.probe(B)
         plan = self.planner.plan(B)
         if not plan and probe is None:  # the rule's own step, as the rule runs it (no host
-            commit, tokens = threshold_pick(  # check: the driver denoises the result next)
+            return Advance(rule_steps(  # check: the driver denoises the result next)
                 step.base.logits, rows.tokens, rows.eligible, context.schedule.mask_token_id,
-                rows.positions, threshold, self.sampling)  # (B, L)
-            return Advance(torch.where(commit, tokens, rows.tokens))
+                rows.positions, threshold, self.sampling))  # (B, L)
         timer = Timer(rows.tokens.device, enabled=probe is not None)
         timer.start()
         drafts = draft(context.head, context.model, step.base, rows, plan, threshold,
@@ -201,9 +199,8 @@ class SpeculativeDecoder:
             else:
                 probe.add_round(drafts.sources.count(HEAD), draft_seconds, v, seconds)
             self.planner.learn(B)
-        later = (accepted - 1).clamp_min(0)  # (B,) drafts after the first accepted
         if m > 1:
+            later = record_round(self.planner, drafts.sources, accepted, drafts.valid)  # (B,)
             context.counters.add_rounds(later, drafts.valid[:, 1])  # rows that drafted
             context.counters.add_drafts(drafts.sources, later, drafts.valid[:, 1:])
-            self.planner.record(drafts.sources, later, drafts.valid[:, 1:])
         return advance

@@ -40,16 +40,16 @@ Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 from mrp_dlm.decoding.drafting import HEAD, SELF, CostProbe, DraftPlanner, Timer
+from mrp_dlm.decoding.round import count_accepted, record_round, rule_steps
 from mrp_dlm.decoding.sampling import SamplingConfig, select_rows
-from mrp_dlm.decoding.speculative import Drafts, accept, draft
+from mrp_dlm.decoding.speculative import Drafts, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
-from mrp_dlm.serving.head_pool import HeadContext
 from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.stats import stats_of
 from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
@@ -69,7 +69,44 @@ class Round:
     """One request's rows in this round's forward."""
 
     states: torch.Tensor  # (m, L) the rows' block states, the own row last
-    verifying: bool  # the rows are the pending drafts (else: the accepted state alone)
+    valid: torch.Tensor  # (m,) bool, the candidate revealed a position (S_1: accepted)
+    sources: tuple[str, ...] = ()  # m - 1 entries when verifying: the later drafts' sources
+
+
+@dataclass(frozen=True)
+class Chains:
+    """Every request's rows of this call's forward as candidate chains padded to the
+    longest (see `decoding/round.py`): padding repeats a request's own row, invalid."""
+
+    rows: torch.Tensor  # (N, L) the forward's rows, each request's own row last
+    index: torch.Tensor  # (B, M) int64, the row of each candidate; [:, -1]: the own row
+    valid: torch.Tensor  # (B, M) bool, a candidate that may be accepted (S_1 always)
+    owner: torch.Tensor  # (N,) int64, the request of each row
+
+    @classmethod
+    def of(cls, rounds: list[Round]) -> "Chains":
+        rows = torch.cat([r.states for r in rounds])  # (N, L)
+        device = rows.device
+        counts = torch.tensor([r.states.shape[0] for r in rounds])  # (B,)
+        depth = torch.arange(int(counts.max()))  # (M,)
+        starts = counts.cumsum(0) - counts  # (B,)
+        index = (starts[:, None] + torch.minimum(depth[None], counts[:, None] - 1)).to(device)
+        valid = torch.cat([r.valid for r in rounds])[index]  # (B, M)
+        valid = valid & (depth[None] < counts[:, None]).to(device)  # (B, M)
+        valid[:, 0] = True  # S_1 is the accepted state: the rule's own step
+        owner = torch.repeat_interleave(torch.arange(len(rounds)), counts).to(device)  # (N,)
+        return cls(rows, index, valid, owner)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Every request after this call's acceptance, on the device (no host read)."""
+
+    accepted: torch.Tensor  # (B,) int64 candidates accepted, n >= 1
+    block: torch.Tensor  # (B, L) the accepted state S_n
+    seed: BackboneStep  # (B, L, H) / (B, L, V) the forward's row of S_n
+    eligible: torch.Tensor  # (B, L) bool, masked positions of S_n
+    done: torch.Tensor  # (B,) bool, S_n has no masks and the own row forwarded it
 
 
 class MrpSpeculative(MrpAlgorithm):
@@ -91,9 +128,10 @@ class MrpSpeculative(MrpAlgorithm):
         scratch = Scratch(model_runner)
         try:
             rounds = self.plan_rounds(scratch, forward_batch, states)
+            chains = Chains.of(rounds)
             timer.start()
             out, logits, hidden = self.forward_rounds(model_runner, forward_batch, scratch,
-                                                      rounds)
+                                                      chains.rows)
             seconds = timer.stop()
         finally:
             scratch.release()
@@ -101,16 +139,25 @@ class MrpSpeculative(MrpAlgorithm):
             self.sample(probe, bucket, rounds, seconds)
         positions = forward_batch.positions.view(B, L).long()  # (B, L)
         sampling = batch_sampling(forward_batch, positions.device)
-        seeds = self.settle(states, rounds, logits, hidden, positions, sampling)
-        done = self.finish_or_draft(model_runner, forward_batch, states, rounds, seeds,
-                                    sampling, self.planner.plan(bucket), timer)
-        self.store_done(model_runner, forward_batch, states, rounds, hidden, done)
-        next_ids = [state.accepted if d or state.drafts is None else state.drafts.states[0, -1]
-                    for state, d in zip(states, done)]
-        forward_batch.input_ids.copy_(torch.stack(next_ids).view(-1))
-        return (out.logits_output, [row.tolist() for row in next_ids],
-                [L if d else 0 for d in done], [None if d else s for s, d in zip(states, done)],
-                out.can_run_graph)
+        prompt = torch.stack([s.prompt for s in states])  # (B, L)
+        settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
+        first, drafts = self.draft_all(model_runner, forward_batch, settled, positions,
+                                       sampling, self.planner.plan(bucket), timer)
+        next_ids = first if drafts is None else drafts.states[:, -1]  # (B, L); done: S_n
+        forward_batch.input_ids.copy_(next_ids.reshape(-1).to(forward_batch.input_ids.dtype))
+        pending = torch.zeros_like(settled.done) if drafts is None \
+            else drafts.valid[:, 1] & ~settled.done  # (B,) S_1 left masks: drafts to verify
+        read = torch.cat([next_ids, settled.done[:, None], pending[:, None],  # the host read
+                          settled.accepted[:, None], chains.valid], dim=1).long().tolist()
+        done = [bool(row[L]) for row in read]
+        self.record(rounds, read, L)
+        for i, state in enumerate(states):
+            state.accepted = first[i]  # the backbone's own step: exact
+            state.drafts = Drafts(drafts.states[i:i + 1], drafts.valid[i:i + 1], drafts.finished,
+                                  drafts.sources) if read[i][L + 1] and not done[i] else None
+        self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]], done)
+        return (out.logits_output, [row[:L] for row in read], [L if d else 0 for d in done],
+                [None if d else s for s, d in zip(states, done)], out.can_run_graph)
 
     def carried_states(self, forward_batch, algo_states) -> list[BlockState]:
         B, L = forward_batch.batch_size, self.block_size
@@ -128,114 +175,92 @@ class MrpSpeculative(MrpAlgorithm):
             extra = 0 if state.drafts is None else state.drafts.states.shape[1] - 1
             if state.drafts is not None and (extra == 0 or reserve(
                     scratch, forward_batch, index, extra, self.block_size)):
-                rounds.append(Round(state.drafts.states[0], verifying=True))
+                rounds.append(Round(state.drafts.states[0], state.drafts.valid[0],
+                                    state.drafts.sources))
             else:
                 state.drafts = None  # the fallback: one exact step from the accepted state
-                rounds.append(Round(state.accepted[None], verifying=False))
+                rounds.append(Round(state.accepted[None], torch.ones(
+                    1, dtype=torch.bool, device=state.accepted.device)))
         return rounds
 
     def forward_rounds(self, model_runner, forward_batch, scratch: Scratch,
-                       rounds: list[Round]):
-        """The one forward of this call: (output, logits (N, L, V), hidden (N, L, H))."""
+                       rows_ids: torch.Tensor):
+        """The one forward of this call over rows_ids (N, L): (output, logits (N, L, V),
+        hidden (N, L, H))."""
         L = self.block_size
-        if not scratch.reservations:
-            own = torch.stack([r.states[-1] for r in rounds])  # (B, L)
-            forward_batch.input_ids.copy_(own.view(-1).to(forward_batch.input_ids.dtype))
+        if not scratch.reservations:  # one row per request: SGLang's own batch
+            forward_batch.input_ids.copy_(rows_ids.view(-1).to(forward_batch.input_ids.dtype))
             return run_rows(model_runner, forward_batch, L)
-        rows_ids = torch.cat([r.states for r in rounds])  # (N, L)
         rows, _ = build_rows_batch(model_runner, forward_batch, scratch.reservations,
                                    rows_ids, L)
         return run_rows(model_runner, rows, L)
 
-    def settle(self, states: list[BlockState], rounds: list[Round], logits: torch.Tensor,
+    def settle(self, chains: Chains, prompt: torch.Tensor, logits: torch.Tensor,
                hidden: torch.Tensor, positions: torch.Tensor, sampling: SamplingConfig
-               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Accept drafts per request; return each request's seed (logits (L, V), hidden (L, H))."""
-        seeds, row = [], 0
-        for index, (state, round_) in enumerate(zip(states, rounds)):
-            m = round_.states.shape[0]
-            if round_.verifying:
-                n = int(accept(state.drafts, logits[None, row:row + m], state.prompt[None],
-                               self.mask_id, positions[index:index + 1], self.threshold,
-                               select_rows(sampling, [index]))[0])
-                if m > 1:
-                    later = state.drafts.valid[:, 1:]  # (1, m - 1)
-                    self.planner.record(state.drafts.sources, torch.tensor([n - 1]), later)
-                    self_drafted = sum(bool(ok) and source == SELF for ok, source
-                                       in zip(later[0].tolist(), state.drafts.sources))
-                    stats_of(self).record_round(int(later.sum()), n - 1, self_drafted)
-                state.accepted = state.drafts.states[0, n - 1]
-                seeds.append((logits[row + n - 1], hidden[row + n - 1]))
-            else:
-                seeds.append((logits[row], hidden[row]))
-            row += m
-        return seeds
+               ) -> Settled:
+        """One batched accept over every request's chain (`decoding/round.py`); the verify
+        slice of each accepted state S_n is its seed. prompt, positions: (B, L)."""
+        B, M = chains.index.shape
+        accepted = torch.ones(B, dtype=torch.long, device=chains.rows.device)  # (B,)
+        if M > 1:  # some request verifies drafts: the rule's step on every row
+            owner = chains.owner
+            eligible = (chains.rows == self.mask_id) & ~prompt[owner]  # (N, L)
+            steps = rule_steps(logits, chains.rows, eligible, self.mask_id, positions[owner],
+                               self.threshold, select_rows(sampling, owner))  # (N, L)
+            accepted = count_accepted(chains.rows[chains.index], chains.valid,
+                                      steps[chains.index[:, :-1]])  # (B,)
+        seed_rows = chains.index.gather(1, (accepted - 1)[:, None])[:, 0]  # (B,)
+        block = chains.rows[seed_rows]  # (B, L)
+        eligible = (block == self.mask_id) & ~prompt  # (B, L)
+        own_clean = (chains.rows[chains.index[:, -1]] == block).all(dim=1)  # (B,)
+        seed = BackboneStep(hidden[seed_rows], logits[seed_rows])  # (B, L, H), (B, L, V)
+        return Settled(accepted, block, seed, eligible, ~eligible.any(dim=1) & own_clean)
 
-    def finish_or_draft(self, model_runner, forward_batch, states: list[BlockState],
-                        rounds: list[Round], seeds, sampling: SamplingConfig,
-                        plan: tuple[str, ...], timer: Timer) -> list[bool]:
-        """Done blocks, stores, and new drafts (one batched head chain) for the rest.
+    def draft_all(self, model_runner, forward_batch, settled: Settled, positions: torch.Tensor,
+                  sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer
+                  ) -> tuple[torch.Tensor, Drafts | None]:
+        """Draft 1 (the backbone's own step on the seed, accepted at once: even a request
+        that never gets scratch rows advances one step per forward) and the plan's later
+        drafts, for every request in one batched chain (a request without masks drafts
+        nothing). Returns S_1 (B, L) and the drafts (None: the plan has none)."""
+        rows = BlockRows(settled.block, settled.eligible, positions)
+        if not plan:  # the rule's own step, as LowConfidence takes it
+            return rule_steps(settled.seed.logits, rows.tokens, rows.eligible, self.mask_id,
+                              positions, self.threshold, sampling), None
+        timer.start()
+        context = self.head_context(model_runner, forward_batch,
+                                    list(range(forward_batch.batch_size))) \
+            if HEAD in plan else None
+        drafts = draft(context, self.model_parts(model_runner)[1], settled.seed, rows, plan,
+                       self.threshold, sampling)
+        self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
+        return drafts.states[:, 0], drafts if drafts.states.shape[1] > 1 else None
 
-        Draft 1 is the backbone's own step on the seed, so it is accepted at once: even
-        a request that never gets scratch rows advances one token per forward."""
-        done, to_draft = [], []
-        for index, (state, round_) in enumerate(zip(states, rounds)):
-            state.drafts = None
-            if bool(self.open_positions(state).any()):
-                to_draft.append(index)
-                done.append(False)
-            elif bool((round_.states[-1] == state.accepted).all()):
-                done.append(True)  # the own row forwarded the clean block: its KV is final
-            else:
-                done.append(False)  # store: the next round forwards the clean block alone
-        if to_draft:
-            timer.start()
-            context = self.head_context(model_runner, forward_batch, to_draft) \
-                if HEAD in plan else None
-            index = torch.tensor(to_draft, device=forward_batch.positions.device)
-            positions = forward_batch.positions.view(-1, self.block_size)[index].long()
-            sources = self.draft_for(context, self.model_parts(model_runner)[1], positions,
-                                     [states[i] for i in to_draft],
-                                     [seeds[i] for i in to_draft],
-                                     select_rows(sampling, to_draft), plan)
-            self.last_draft = (len(sources), sources.count(HEAD), timer.stop())
-        return done
+    def record(self, rounds: list[Round], read: list[list[int]], L: int) -> None:
+        """The verify rounds' verdicts, from the host copy `read` (per request: next ids,
+        done, pending, accepted, chain validity): the planner, per drafting plan, and the
+        serving stats, per request."""
+        by_sources: dict[tuple[str, ...], list[int]] = {}
+        for i, round_ in enumerate(rounds):
+            if round_.sources:
+                by_sources.setdefault(round_.sources, []).append(i)
+        for sources, requests in by_sources.items():
+            m = len(sources) + 1
+            accepted = torch.tensor([read[i][L + 2] for i in requests])  # (R,)
+            valid = torch.tensor([read[i][L + 3:L + 3 + m] for i in requests]).bool()  # (R, m)
+            later = record_round(self.planner, sources, accepted, valid).tolist()
+            for request, n, row in zip(requests, later, valid[:, 1:].tolist()):
+                self_drafted = sum(ok and source == SELF for ok, source in zip(row, sources))
+                stats_of(self).record_round(sum(row), n, self_drafted)
 
-    def open_positions(self, state: BlockState) -> torch.Tensor:
-        return (state.accepted == self.mask_id) & ~state.prompt  # (L,)
-
-    def store_done(self, model_runner, forward_batch, states: list[BlockState],
-                   rounds: list[Round], hidden: torch.Tensor, done: list[bool]) -> None:
+    def store_done(self, model_runner, forward_batch, settled: Settled, own: torch.Tensor,
+                   done: list[bool]) -> None:
         """The head's keys of the blocks done in this call, from their own rows' hidden
-        states (the own row comes last among a request's rows and forwarded the clean block)."""
+        states own (B, L, H) (the own row forwarded the clean block)."""
         finished = [i for i, d in enumerate(done) if d]
-        if not finished:
-            return
-        own = torch.tensor([r.states.shape[0] for r in rounds]).cumsum(0) - 1  # (B,) own rows
-        self.store_blocks(model_runner, forward_batch, finished,
-                          torch.stack([states[i].accepted for i in finished]),
-                          hidden[own[finished].to(hidden.device)])
-
-    def draft_for(self, context: HeadContext | None, host, positions: torch.Tensor,
-                  states: list[BlockState], seeds, sampling: SamplingConfig,
-                  plan: tuple[str, ...]) -> tuple[str, ...]:
-        """Draft 1 and one candidate per entry of `plan` (fewer once no request has a mask
-        left) for every request in one batched chain over `context` (the head on these
-        requests' blocks, for the head drafts; None when the plan has none) with the model's
-        `host` (its config, embedding and logits); positions (R, L) of the requests'
-        blocks. Returns the later drafts' sources."""
-        block = torch.stack([s.accepted for s in states])  # (R, L)
-        eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
-        seed = BackboneStep(hidden=torch.stack([hidden for _, hidden in seeds]),
-                            logits=torch.stack([logits for logits, _ in seeds]))
-        rows = BlockRows(block, eligible, positions.to(block.device))
-        drafts = draft(context, host, seed, rows, plan, self.threshold, sampling)
-        for row, state in enumerate(states):
-            state.accepted = drafts.states[row, 0]  # the backbone's own step: exact
-            if bool(self.open_positions(state).any()):
-                state.drafts = Drafts(drafts.states[row:row + 1], drafts.valid[row:row + 1],
-                                      drafts.finished, drafts.sources)
-        return drafts.sources
+        if finished:
+            self.store_blocks(model_runner, forward_batch, finished, settled.block[finished],
+                              own[finished])
 
     def sample(self, probe: CostProbe, bucket: int, rounds: list[Round], seconds: float
                ) -> None:
@@ -247,6 +272,6 @@ class MrpSpeculative(MrpAlgorithm):
         m = sizes.pop()
         if m == 1:
             probe.add_forward(seconds)
-        elif all(r.verifying for r in rounds) and self.last_draft[0] == m - 1:
+        elif all(r.sources for r in rounds) and self.last_draft[0] == m - 1:
             probe.add_round(self.last_draft[1], self.last_draft[2], m, seconds)
         self.planner.learn(bucket)
