@@ -2,20 +2,26 @@
 
 Each `run()` does one forward in which every request has one or more rows:
 - a request with drafts pending verifies them all: its candidates S_1 .. S_M (M = K + 1)
-  as extra rows plus its own row carrying S_M (see `verify_batch.py`); it accepts n >= 1
-  drafts (`decoding.speculative.accept`), and the verify slice of S_n is the next seed;
+  as extra rows plus its own row carrying S_M (see `verify_batch.py`);
 - any other request (a fresh block, a finished block to store, or one whose scratch rows
-  or slots ran short: the one-row static fallback) forwards its accepted state alone,
-  which gives the seed.
-Then, per request: the block is done when its accepted state has no masks left AND its
-own row forwarded exactly that state (so the clean KV sits in the block's real slots; the
-head's keys of the block are written then from that row's hidden states, one head forward
-for all requests done in the call, see `head_pool.py`); a clean block whose own row held
-another state is stored by one more single-row forward;
-otherwise the head drafts S_1 .. S_m from the seed (m <= M: drafting stops once no
-request has a mask left), S_1 (the backbone's own threshold step) is accepted at once, and
-the own row carries S_m next round. So a request without
-scratch rows still advances one exact threshold step per forward.
+  or slots ran short: the one-row static fallback) forwards its accepted state alone.
+Then the round runs batched over all requests, on the device, in the library's phases
+(`decoding/round.py`): accept and seed (the rule's step on every row, one
+`count_accepted` over the requests' chains padded to the longest; request b accepts
+n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft (one
+chain for every request: S_1, the backbone's own threshold step, is accepted at once,
+and the own row carries S_m next round, m <= M: drafting stops once no request has a
+mask left; a request without masks drafts nothing). So a request without scratch rows
+still advances one exact threshold step per forward.
+A block is done when its accepted state has no masks left AND its own row forwarded
+exactly that state (so the clean KV sits in the block's real slots; the head's keys of
+the block are written then from that row's hidden states, one head forward for all
+requests done in the call, see `head_pool.py`); a clean block whose own row held another
+state is stored by one more single-row forward.
+The host reads the round once (next ids, done, pending drafts, acceptance: one `tolist`
+that SGLang's answer needs anyway), then records it: the planner per drafting plan, the
+serving stats per request, from that copy. The drafting chain's stop check is one more
+read per draft, as in the library decoder.
 
 With `adaptive` (the YAML's, default on) the chain drafts only what pays, each later draft
 a head draft or a self-draft (the rule's step on the seed logits, no head step), as
@@ -32,7 +38,8 @@ forward). Every committed state is the backbone's own step on the state before i
 output equals `LowConfidence` at that threshold, token for token.
 
 Deliberately not here: the pure draft/accept phases (shared with the library decoder, see
-`decoding/speculative.py`) and SGLang batch surgery (see `verify_batch.py`).
+`decoding/speculative.py` and `decoding/round.py`) and SGLang batch surgery (see
+`verify_batch.py`).
 
 Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidates.
 """
@@ -87,8 +94,8 @@ class Chains:
     def of(cls, rounds: list[Round]) -> "Chains":
         rows = torch.cat([r.states for r in rounds])  # (N, L)
         device = rows.device
-        counts = torch.tensor([r.states.shape[0] for r in rounds])  # (B,)
-        depth = torch.arange(int(counts.max()))  # (M,)
+        sizes = [r.states.shape[0] for r in rounds]
+        counts, depth = torch.tensor(sizes), torch.arange(max(sizes))  # (B,), (M,)
         starts = counts.cumsum(0) - counts  # (B,)
         index = (starts[:, None] + torch.minimum(depth[None], counts[:, None] - 1)).to(device)
         valid = torch.cat([r.valid for r in rounds])[index]  # (B, M)
@@ -201,14 +208,17 @@ class MrpSpeculative(MrpAlgorithm):
         """One batched accept over every request's chain (`decoding/round.py`); the verify
         slice of each accepted state S_n is its seed. prompt, positions: (B, L)."""
         B, M = chains.index.shape
-        accepted = torch.ones(B, dtype=torch.long, device=chains.rows.device)  # (B,)
-        if M > 1:  # some request verifies drafts: the rule's step on every row
-            owner = chains.owner
-            eligible = (chains.rows == self.mask_id) & ~prompt[owner]  # (N, L)
-            steps = rule_steps(logits, chains.rows, eligible, self.mask_id, positions[owner],
-                               self.threshold, select_rows(sampling, owner))  # (N, L)
-            accepted = count_accepted(chains.rows[chains.index], chains.valid,
-                                      steps[chains.index[:, :-1]])  # (B,)
+        if M == 1:  # one row per request, its own: no copy of the logits
+            eligible = (chains.rows == self.mask_id) & ~prompt  # (B, L)
+            accepted = torch.ones(B, dtype=torch.long, device=chains.rows.device)  # (B,)
+            return Settled(accepted, chains.rows, BackboneStep(hidden, logits), eligible,
+                           ~eligible.any(dim=1))
+        owner = chains.owner  # some request verifies drafts: the rule's step on every row
+        eligible = (chains.rows == self.mask_id) & ~prompt[owner]  # (N, L)
+        steps = rule_steps(logits, chains.rows, eligible, self.mask_id, positions[owner],
+                           self.threshold, select_rows(sampling, owner))  # (N, L)
+        accepted = count_accepted(chains.rows[chains.index], chains.valid,
+                                  steps[chains.index[:, :-1]])  # (B,)
         seed_rows = chains.index.gather(1, (accepted - 1)[:, None])[:, 0]  # (B,)
         block = chains.rows[seed_rows]  # (B, L)
         eligible = (block == self.mask_id) & ~prompt  # (B, L)
@@ -246,12 +256,13 @@ class MrpSpeculative(MrpAlgorithm):
                 by_sources.setdefault(round_.sources, []).append(i)
         for sources, requests in by_sources.items():
             m = len(sources) + 1
-            accepted = torch.tensor([read[i][L + 2] for i in requests])  # (R,)
-            valid = torch.tensor([read[i][L + 3:L + 3 + m] for i in requests]).bool()  # (R, m)
-            later = record_round(self.planner, sources, accepted, valid).tolist()
-            for request, n, row in zip(requests, later, valid[:, 1:].tolist()):
-                self_drafted = sum(ok and source == SELF for ok, source in zip(row, sources))
-                stats_of(self).record_round(sum(row), n, self_drafted)
+            accepted = [read[i][L + 2] for i in requests]  # (R,)
+            valid = [read[i][L + 3:L + 3 + m] for i in requests]  # (R, m)
+            record_round(self.planner, sources, torch.tensor(accepted),
+                         torch.tensor(valid, dtype=torch.bool))  # host tensors: no device read
+            for n, row in zip(accepted, valid):
+                self_drafted = sum(ok and source == SELF for ok, source in zip(row[1:], sources))
+                stats_of(self).record_round(sum(row[1:]), max(n - 1, 0), self_drafted)
 
     def store_done(self, model_runner, forward_batch, settled: Settled, own: torch.Tensor,
                    done: list[bool]) -> None:
