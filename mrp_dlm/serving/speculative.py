@@ -9,10 +9,10 @@ Then the round runs batched over all requests, on the device, in the library's p
 (`decoding/round.py`): accept and seed (the rule's step on every row, one
 `count_accepted` over the requests' chains padded to the longest; request b accepts
 n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft (one
-chain for every request: S_1, the backbone's own threshold step, is accepted at once,
-and the own row carries S_m next round, m <= M: drafting stops once no request has a
-mask left; a request without masks drafts nothing). So a request without scratch rows
-still advances one exact threshold step per forward.
+chain for the requests with masks left, read on the host so that done blocks cost no head
+steps: S_1, the backbone's own threshold step, is accepted at once, and the own row
+carries S_m next round, m <= M: drafting stops once no request has a mask left). So a
+request without scratch rows still advances one exact threshold step per forward.
 A block is done when its accepted state has no masks left AND its own row forwarded
 exactly that state (so the clean KV sits in the block's real slots; the head's keys of
 the block are written then from that row's hidden states, one head forward for all
@@ -20,8 +20,8 @@ requests done in the call, see `head_pool.py`); a clean block whose own row held
 state is stored by one more single-row forward.
 The host reads the round once (next ids, done, pending drafts, acceptance: one `tolist`
 that SGLang's answer needs anyway), then records it: the planner per drafting plan, the
-serving stats per request, from that copy. The drafting chain's stop check is one more
-read per draft, as in the library decoder.
+serving stats per request, from that copy. Besides it: which requests draft (when the
+plan drafts) and the drafting chain's stop check, one per draft as in the library decoder.
 
 With `adaptive` (the YAML's, default on) the chain drafts only what pays, each later draft
 a head draft or a self-draft (the rule's step on the seed logits, no head step), as
@@ -116,6 +116,23 @@ class Settled:
     done: torch.Tensor  # (B,) bool, S_n has no masks and the own row forwarded it
 
 
+@dataclass(frozen=True)
+class Drafted:
+    """This call's drafting, for every request (the drafts of those that drafted)."""
+
+    first: torch.Tensor  # (B, L) S_1, the backbone's own step on the seed (accepted)
+    last: torch.Tensor  # (B, L) what the own row carries next: S_m (S_1 without drafts)
+    pending: torch.Tensor  # (B,) bool, S_1 left masks: drafts to verify next round
+    drafts: Optional[Drafts] = None  # (R, m, L), m > 1, of `requests`
+    requests: tuple[int, ...] = ()  # R requests that drafted, in the order of drafts' rows
+
+    def of(self, request: int) -> Drafts:
+        """One request's pending drafts (1, m, L)."""
+        row = self.requests.index(request)
+        return Drafts(self.drafts.states[row:row + 1], self.drafts.valid[row:row + 1],
+                      self.drafts.finished, self.drafts.sources)
+
+
 class MrpSpeculative(MrpAlgorithm):
     needs_head = False  # without one it self-drafts
 
@@ -148,20 +165,17 @@ class MrpSpeculative(MrpAlgorithm):
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
-        first, drafts = self.draft_all(model_runner, forward_batch, settled, positions,
-                                       sampling, self.planner.plan(bucket), timer)
-        next_ids = first if drafts is None else drafts.states[:, -1]  # (B, L); done: S_n
-        forward_batch.input_ids.copy_(next_ids.reshape(-1).to(forward_batch.input_ids.dtype))
-        pending = torch.zeros_like(settled.done) if drafts is None \
-            else drafts.valid[:, 1] & ~settled.done  # (B,) S_1 left masks: drafts to verify
-        read = torch.cat([next_ids, settled.done[:, None], pending[:, None],  # the host read
+        drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
+                                 self.planner.plan(bucket), timer)
+        ids = drafted.last.reshape(-1).to(forward_batch.input_ids.dtype)  # (B*L,)
+        forward_batch.input_ids.copy_(ids)
+        read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None],
                           settled.accepted[:, None], chains.valid], dim=1).long().tolist()
         done = [bool(row[L]) for row in read]
         self.record(rounds, read, L)
         for i, state in enumerate(states):
-            state.accepted = first[i]  # the backbone's own step: exact
-            state.drafts = Drafts(drafts.states[i:i + 1], drafts.valid[i:i + 1], drafts.finished,
-                                  drafts.sources) if read[i][L + 1] and not done[i] else None
+            state.accepted = drafted.first[i]  # the backbone's own step: exact
+            state.drafts = drafted.of(i) if read[i][L + 1] else None
         self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]], done)
         return (out.logits_output, [row[:L] for row in read], [L if d else 0 for d in done],
                 [None if d else s for s, d in zip(states, done)], out.can_run_graph)
@@ -227,24 +241,34 @@ class MrpSpeculative(MrpAlgorithm):
         return Settled(accepted, block, seed, eligible, ~eligible.any(dim=1) & own_clean)
 
     def draft_all(self, model_runner, forward_batch, settled: Settled, positions: torch.Tensor,
-                  sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer
-                  ) -> tuple[torch.Tensor, Drafts | None]:
+                  sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer) -> "Drafted":
         """Draft 1 (the backbone's own step on the seed, accepted at once: even a request
         that never gets scratch rows advances one step per forward) and the plan's later
-        drafts, for every request in one batched chain (a request without masks drafts
-        nothing). Returns S_1 (B, L) and the drafts (None: the plan has none)."""
-        rows = BlockRows(settled.block, settled.eligible, positions)
+        drafts, in one batched chain over the requests with masks left (read on the host:
+        a done block or a store must not cost head steps)."""
+        B = settled.block.shape[0]
+        none = torch.zeros(B, dtype=torch.bool, device=settled.block.device)  # (B,)
         if not plan:  # the rule's own step, as LowConfidence takes it
-            return rule_steps(settled.seed.logits, rows.tokens, rows.eligible, self.mask_id,
-                              positions, self.threshold, sampling), None
+            first = rule_steps(settled.seed.logits, settled.block, settled.eligible,
+                               self.mask_id, positions, self.threshold, sampling)  # (B, L)
+            return Drafted(first, first, none)
+        requests = [i for i, open_ in enumerate(settled.eligible.any(dim=1).tolist()) if open_]
+        if not requests:
+            return Drafted(settled.block, settled.block, none)
         timer.start()
-        context = self.head_context(model_runner, forward_batch,
-                                    list(range(forward_batch.batch_size))) \
+        index = torch.tensor(requests, device=settled.block.device)  # (R,)
+        context = self.head_context(model_runner, forward_batch, requests) \
             if HEAD in plan else None
-        drafts = draft(context, self.model_parts(model_runner)[1], settled.seed, rows, plan,
-                       self.threshold, sampling)
+        seed = BackboneStep(settled.seed.hidden[index], settled.seed.logits[index])
+        rows = BlockRows(settled.block[index], settled.eligible[index], positions[index])
+        drafts = draft(context, self.model_parts(model_runner)[1], seed, rows, plan,
+                       self.threshold, select_rows(sampling, index))  # (R, m, L)
         self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
-        return drafts.states[:, 0], drafts if drafts.states.shape[1] > 1 else None
+        first = settled.block.index_copy(0, index, drafts.states[:, 0])  # (B, L)
+        if drafts.states.shape[1] == 1:
+            return Drafted(first, first, none)
+        return Drafted(first, settled.block.index_copy(0, index, drafts.states[:, -1]),
+                       none.index_copy(0, index, drafts.valid[:, 1]), drafts, tuple(requests))
 
     def record(self, rounds: list[Round], read: list[list[int]], L: int) -> None:
         """The verify rounds' verdicts, from the host copy `read` (per request: next ids,

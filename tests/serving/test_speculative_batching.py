@@ -1,6 +1,7 @@
-"""MrpSpeculative's round is batched: one accept over every request's chain and one host
-read per forward, however many requests the forward holds (the fake engine of
-`fake_engine.py`, several requests of mixed prompt lengths).
+"""MrpSpeculative's round is batched: one accept over every request's chain and at most two
+host reads per forward (which requests draft, when the plan drafts; the round's result),
+however many requests the forward holds (the fake engine of `fake_engine.py`, several
+requests of mixed prompt lengths).
 
 The reads counted are tensor -> host conversions (`tolist`, `item`, `bool`, `int`,
 `float`) made from the plugin's own module and the shared round (`decoding/round.py`); the
@@ -68,7 +69,7 @@ def count_calls(monkeypatch, owner, name: str) -> Counter:
 
 @pytest.mark.parametrize("threshold", [1.0, 0.2])
 @pytest.mark.parametrize("head", [True, False])
-def test_one_accept_and_one_host_read_per_forward(tmp_path, monkeypatch, threshold, head):
+def test_one_accept_and_two_host_reads_per_forward(tmp_path, monkeypatch, threshold, head):
     block_size, lookahead = 4, 3
     model = backbone(5, block_size, True)  # damped: long accepted runs, several rows each
     prompts = rule_prompts(5, block_size, True, threshold)
@@ -91,6 +92,6 @@ def test_one_accept_and_one_host_read_per_forward(tmp_path, monkeypatch, thresho
     assert forwards == runner.forwards and forwards > 0
     assert runner.rows > forwards * len(prompts) // 2, "few drafts verified: a weak test"
     assert 0 < accepts["count_accepted"] <= forwards, accepts
-    assert reads["mrp_dlm/serving/speculative.py"] == forwards, reads
+    assert forwards <= reads["mrp_dlm/serving/speculative.py"] <= 2 * forwards, reads
     assert reads["mrp_dlm/decoding/round.py"] == 0, reads
     assert reads["mrp_dlm/decoding/speculative.py"] <= forwards * (lookahead + 1), reads
