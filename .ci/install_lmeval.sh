@@ -4,9 +4,12 @@
 # and later) requires no torch, and a constraint file pins every installed distribution at
 # its installed version (and torch at 2.13.0 when it is absent, as on a fresh machine
 # before README's install), so pip can only add packages, or fails saying which installed
-# version is in the way. Idempotent: a second run finds the requirement satisfied.
+# version is in the way. Idempotent: a second run finds the requirement satisfied. In any
+# order with .ci/install_sglang.sh, without pip's "dependency conflicts" ERROR (see
+# .ci/pip_checked.sh: it fails instead if the install breaks a requirement).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source .ci/pip_checked.sh
 
 PY=${PYTHON:-python}
 
@@ -33,4 +36,4 @@ print("\n".join(f"{name}=={version}" for name, version in sorted(pins.items())))
 PYEOF
 
 echo "install_lmeval: $spec (installed packages kept at their versions)"
-"$PY" -m pip install -c "$constraints" "$spec"
+pip_install_checked -c "$constraints" "$spec"

@@ -8,9 +8,10 @@
 # sgl_kernel, soundfile; see mrp_dlm/serving/cpu_standins.py) in every Python process,
 # SGLang's subprocesses included, but only when MRP_SGLANG_CPU_STANDINS names that file (the
 # tests set it; `mrp serve` needs no hook). Idempotent: a second run checks the versions and
-# only rewrites the hook.
+# only rewrites the hook. In any order with .ci/install_lmeval.sh (see .ci/pip_checked.sh).
 # A GPU host does not use this script: there, `pip install -e '.[sglang]'` (see docs/serving.md).
 set -euo pipefail
+source "$(dirname "$0")/pip_checked.sh"
 
 PY=${PYTHON:-python}
 
@@ -58,7 +59,7 @@ PYEOF
   echo "install_sglang: installing $(echo $missing | wc -w) package(s)"
   if [ -n "$withdeps" ]; then
     # shellcheck disable=SC2086
-    "$PY" -m pip install -c "$constraints" $withdeps
+    pip_install_checked -c "$constraints" $withdeps
   fi
   if [ -n "$nodeps" ]; then
     # shellcheck disable=SC2086

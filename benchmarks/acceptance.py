@@ -34,10 +34,10 @@ from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.decoding.stats import DecodeStats  # noqa: E402
 from mrp_dlm.distill import prompt_turns, read_prompts  # noqa: E402
 from mrp_dlm.eval import provenance  # noqa: E402
-from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
 from mrp_dlm.model.head_loading import load_head  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
+from mrp_dlm.tasks.registry import get_task  # noqa: E402
 
 ZERO = "zero"  # the head name that means C = 0
 REFERENCE = DecodeConfig(mode="dynamic", threshold=0.9)  # the wall-clock reference

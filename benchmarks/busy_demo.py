@@ -5,7 +5,8 @@ mode, --problems per task) in a fresh subprocess twice: unloaded, then while a p
 spin loop runs pinned to one CPU (the last one this process may use). The check passes when
 the loaded run takes at most --limit times the unloaded one; the script exits 1 otherwise.
 A user's laptop is never idle: with torch's default of one thread per core, every small
-matmul waited for the thread that shared its core with the spinner (issue 14).
+matmul waited for the thread that shared its core with the spinner
+(docs/experiments.md, 2026-11-30: CPU threads by model size).
 
 Wall times include interpreter start and model load, as a user sees them. Each run also
 reports the CPU seconds the demo used, the torch threads it chose (from its log), and

@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
-from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
+from mrp_dlm.tasks.registry import get_task  # noqa: E402
 
 CONFIGS = {"static": DecodeConfig(mode="static", max_new_tokens=128),
            "speculative K=3": DecodeConfig(mode="speculative", lookahead=3, max_new_tokens=128)}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check of issue 15: benchmarks/round_cost.py on one CUDA GPU, every size
+# The GPU check of speculation's round cost: benchmarks/round_cost.py on one CUDA GPU, every size
 # (embedded; sdar-1.7b, sdar-4b, sdar-8b built whole when they fit) at batch 1, 8 and 32,
 # in bfloat16: verify forwards of 2-6 and 8 copies (a FreeDave-sized candidate set), head
 # steps, and the projected speed of head drafts and of self-drafts (no head: a round costs

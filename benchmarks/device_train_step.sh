@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check of issue 26: one `mrp train head` step at the SDAR-1.7B-Chat-b16 shape,
+# The GPU check of head training: one `mrp train head` step at the SDAR-1.7B-Chat-b16 shape,
 # whole (28 layers, vocabulary 151,936, block 16), on one CUDA GPU, random weights:
 # benchmarks/train_step_cost.py with the recipe's settings (docs/training.md: sequence
 # 4096, K = 3, head init std 0.2, bfloat16 backbone) at 1, 2 and 4 rows per GPU (a global

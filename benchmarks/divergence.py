@@ -39,8 +39,8 @@ from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
-from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
+from mrp_dlm.tasks.registry import get_task  # noqa: E402
 
 LOOKAHEAD = 3
 NOISE_LEVELS = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2)

@@ -38,14 +38,14 @@ import time
 from pathlib import Path
 
 BASE = ["--preset", "embedded", "--bf16", "--tasks", "arith,arith-code",
-        "--train-examples", "100000", "--steps", "4200", "--save-every", "500"]
+        "--train-examples", "100000", "--train-steps", "4200", "--save-every", "500"]
 VARIANTS = {  # edit to taste; each entry adds to or overrides BASE
     "base": [],  # the shipped recipe (docs/experiments.md)
     "lr3": ["--lr", "3e-3"],
-    "b32": ["--batch-size", "32", "--steps", "2100"],
-    "b32-lr3": ["--batch-size", "32", "--steps", "2100", "--lr", "3e-3"],
+    "b32": ["--batch-size", "32", "--train-steps", "2100"],
+    "b32-lr3": ["--batch-size", "32", "--train-steps", "2100", "--lr", "3e-3"],
 }
-HEAD_BASE = ["--bf16", "--steps", "1000", "--eval-every", "250", "--save-every", "250"]
+HEAD_BASE = ["--bf16", "--train-steps", "1000", "--eval-every", "250", "--save-every", "250"]
 HEADS = {
     "d2-k1": ["--lookahead", "1"],
     "d2-k2": ["--lookahead", "2"],
@@ -54,9 +54,9 @@ HEADS = {
 }
 GRID = "static,dynamic:0.9,dynamic:0.7,dynamic:0.5,dynamic:0.3"
 BENCH_TASKS = ("arith", "arith-code")
-SMOKE = {"backbone": ["--preset", "tiny", "--train-examples", "100", "--steps", "6",
+SMOKE = {"backbone": ["--preset", "tiny", "--train-examples", "100", "--train-steps", "6",
                       "--save-every", "3"],
-         "head": ["--steps", "4", "--eval-every", "2", "--save-every", "2",
+         "head": ["--train-steps", "4", "--eval-every", "2", "--save-every", "2",
                   "--eval-examples", "4"],
          "limit": "6"}
 KEEP = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -102,12 +102,12 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def without_schedule(flags: list[str]) -> list[str]:
-    """The flags less --steps and --batch-size (a smoke run keeps its tiny schedule)."""
+    """The flags less --train-steps and --batch-size (a smoke run keeps its tiny schedule)."""
     kept, skip = [], False
     for flag in flags:
         if skip:
             skip = False
-        elif flag in ("--steps", "--batch-size"):
+        elif flag in ("--train-steps", "--batch-size"):
             skip = True
         else:
             kept.append(flag)

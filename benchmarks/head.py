@@ -42,9 +42,10 @@ from mrp_dlm.model.cache import KVCache  # noqa: E402
 from mrp_dlm.model.head import HeadAttention, MRPHead  # noqa: E402
 from mrp_dlm.model.loading import load_backbone  # noqa: E402
 from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask  # noqa: E402
-from mrp_dlm.training import head_loop, loop  # noqa: E402
+from mrp_dlm.training import head_loop  # noqa: E402
 from mrp_dlm.training.data import BatchSchedule, Sample  # noqa: E402
 from mrp_dlm.training.distributed import World  # noqa: E402
+from mrp_dlm.training.run import build_optimizer  # noqa: E402
 
 EMBEDDED_VOCAB = 939
 
@@ -152,16 +153,16 @@ def training_speed(model: Backbone, args: argparse.Namespace) -> dict:
     config = HeadTrainConfig(model=args.model or "random", out="unused",
                              head_layers=args.head_layers,
                              seq_len=args.seq_len, batch_size=args.train_batch,
-                             steps=args.train_steps + 1, device=args.device)
+                             train_steps=args.train_steps + 1, device=args.device)
     world = World(0, 1, args.device, owns_group=False)
     model.requires_grad_(False)
     head = head_loop.build_head(config, model)
     run = head_loop.HeadRun(config, world, Path(config.out), model, head, head,
-                            loop.build_optimizer(head, config), precision=None)
+                            build_optimizer(head, config), precision=None)
     schedule = BatchSchedule(random_samples(model.config.vocab_size, model.config.block_size),
                              config.seq_len, config.batch_size, config.seed, 0)
     seconds, tokens = [], 0
-    for step in range(config.steps):
+    for step in range(config.train_steps):
         inputs = head_loop.draw_step(config, schedule, step, model.config.mask_token_id,
                                      model.config.block_size, world)
         sync(args.device)

@@ -31,9 +31,9 @@ from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval import bench  # noqa: E402
 from mrp_dlm.eval.grid import parse_grid  # noqa: E402
 from mrp_dlm.eval.provenance import head_dir  # noqa: E402
-from mrp_dlm.eval.tasks.registry import EMBEDDED_TASKS, get_task  # noqa: E402
 from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
+from mrp_dlm.tasks.registry import EMBEDDED_TASKS, get_task  # noqa: E402
 
 MODES = ("static,dynamic:0.9,dynamic:0.7,dynamic:0.5,dynamic:0.3,direct:1,direct:2,"
          "speculative:2,speculative:3,speculative:4,remask:0.5,remask:0.7")

@@ -9,7 +9,7 @@ give the same tokens (checked on every timed call's output). Two logit families:
 - `lm-like`: Zipf over a random permutation of the vocabulary (logit = -a log rank), a
   peaked distribution with a top-p 0.95 nucleus of tens to hundreds of tokens;
 - `flat`: standard normal logits, whose nucleus is most of the vocabulary (the worst case
-  for top-p, which then sorts the vocabulary, as before).
+  for top-p: too wide for candidates, it takes the nucleus floor, `decoding/nucleus.py`).
 
 Each time is the median over repeats (warm-up excluded), steps interleaved so that load on a
 shared machine hits every row alike. Prints a table, then one JSON line last (config, git

@@ -51,8 +51,8 @@ sys.path.insert(0, str(ROOT / "tests" / "serving"))
 
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
-from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
 from mrp_dlm.serving.process import left_running, process_tree, time_wait_count  # noqa: E402
+from mrp_dlm.tasks.registry import get_task  # noqa: E402
 from serve_harness import (Reply, counters, free_port, request, serve_command,  # noqa: E402
                            start, stop, tree_rss)
 from sglang_env import trim_after_stop  # noqa: E402

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
-from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
+from mrp_dlm.tasks.registry import get_task  # noqa: E402
 from serve_harness import (counters, free_port, request, serve_command, start,  # noqa: E402
                            stop, tree_rss)
 

@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "serving"))
 
 from mrp_dlm.config import DecodeConfig  # noqa: E402
-from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
 from mrp_dlm.pipeline import Pipeline, embedded_head_dir, embedded_model_dir  # noqa: E402
+from mrp_dlm.tasks.registry import get_task  # noqa: E402
 
 
 def settings(threshold: float, lookahead: int, head: Path) -> dict[str, tuple[str, str]]:

@@ -34,9 +34,10 @@ from mrp_dlm.config import (BACKBONE_PRESETS, SDAR_MASK_TOKEN_ID, BackboneConfig
 from mrp_dlm.eval.provenance import git_commit  # noqa: E402
 from mrp_dlm.model.backbone import Backbone  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
-from mrp_dlm.training import head_loop, loop  # noqa: E402
+from mrp_dlm.training import head_loop  # noqa: E402
 from mrp_dlm.training.data import BatchSchedule, Sample  # noqa: E402
 from mrp_dlm.training.distributed import World  # noqa: E402
+from mrp_dlm.training.run import build_optimizer  # noqa: E402
 
 VOCAB = 151936  # the SDAR (Qwen3) vocabulary
 SAMPLE_TOKENS = 1024  # synthetic sample length: a quarter prompt, the rest response
@@ -83,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     config = HeadTrainConfig(out="unused", head_layers=args.head_layers, init_std=0.2,
                              lookahead=args.lookahead, seq_len=args.seq_len,
-                             batch_size=args.rows, steps=args.warmup + args.steps,
+                             batch_size=args.rows, train_steps=args.warmup + args.steps,
                              bf16=args.bf16, device=args.device,
                              grad_checkpointing=args.grad_checkpointing)
     dtype = torch.bfloat16 if args.bf16 else torch.float32
@@ -93,10 +94,10 @@ def main() -> None:
         head_loop.checkpoint_layers(head)
     world = World(0, 1, args.device, owns_group=False)
     run = head_loop.HeadRun(config, world, Path("unused"), backbone, head, head,
-                            loop.build_optimizer(head, config), dtype if args.bf16 else None)
+                            build_optimizer(head, config), dtype if args.bf16 else None)
     schedule = synthetic_schedule(config)
     timings, tokens = [], 0
-    for step in range(config.steps):
+    for step in range(config.train_steps):
         inputs = head_loop.draw_step(config, schedule, step, SDAR_MASK_TOKEN_ID, 16, world)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()

@@ -17,9 +17,9 @@ from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DISTILL_DECODE, DTYPE
 from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE, DEMO_PROBLEMS, EVAL_BATCH_SIZE
 from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.pareto import PARETO_BATCH_SIZE
-from mrp_dlm.eval.tasks.registry import TASK_NAMES, get_task
 from mrp_dlm.flags import add_dataclass_flags, build_dataclass
 from mrp_dlm.serving.serve_config import ServeConfig
+from mrp_dlm.tasks.registry import TASK_NAMES, get_task
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -106,8 +106,8 @@ def training_log():
 
 def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int:
     config = build_dataclass(TrainConfig, args, train_fields)
-    print(f"mrp train backbone: preset {config.preset}, {config.steps} steps, into {config.out}; "
-          "loading torch", file=sys.stderr, flush=True)  # torch alone takes seconds to import
+    print(f"mrp train backbone: preset {config.preset}, {config.train_steps} steps, into "
+          f"{config.out}; loading torch", file=sys.stderr, flush=True)  # torch alone takes seconds to import
     from mrp_dlm.training.loop import train_backbone
 
     with training_log():
@@ -118,7 +118,7 @@ def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int
 
 def cmd_train_head(args: argparse.Namespace, train_fields: list[str]) -> int:
     config = build_dataclass(HeadTrainConfig, args, train_fields)
-    print(f"mrp train head: on {config.model or 'the embedded model'}, {config.steps} steps, "
+    print(f"mrp train head: on {config.model or 'the embedded model'}, {config.train_steps} steps, "
           f"into {config.out}; loading torch", file=sys.stderr, flush=True)
     from mrp_dlm.training.head_loop import train_head
 

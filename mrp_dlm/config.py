@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # SDAR family defaults: the published config.json files lack these keys and every engine
-# hard-codes them (brief §1).
+# hard-codes them.
 SDAR_MASK_TOKEN_ID = 151669
 SDAR_BLOCK_SIZE = 4
 SDAR_STOP_TOKEN_IDS = (151645, 151643)
@@ -241,68 +241,78 @@ def check_at_least_one(config: object, names: tuple[str, ...]) -> None:
             raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
 
 
-def check_optimiser_fields(config: "TrainConfig | HeadTrainConfig") -> None:
-    """The checks both training configs share: schedule, regularisation, seed and device."""
-    if config.lr <= 0:
-        raise ValueError(f"lr must be > 0, got {config.lr}")
-    if not 0.0 <= config.warmup_frac < 1.0:
-        raise ValueError(f"warmup_frac must be in [0, 1), got {config.warmup_frac}")
-    if not 0.0 <= config.min_lr_ratio <= 1.0:
-        raise ValueError(f"min_lr_ratio must be in [0, 1], got {config.min_lr_ratio}")
-    for name in ("weight_decay", "grad_clip", "seed"):
-        if getattr(config, name) < 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(config, name)}")
-    if config.device != "cpu" and not config.device.startswith("cuda"):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {config.device!r}")
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """What every training run has: output, data, schedule, optimiser, checkpoints, device.
 
+    The training configs below extend it; a field without a default here takes each
+    command's own (a backbone and a head train at different rates and lengths)."""
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """SDAR block-diffusion training of a backbone: model, data, optimiser, checkpoints."""
-
-    out: str  # checkpoint directory (HF format + tokenizer + train_state.pt + logs)
-    preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, sdar-4b or sdar-8b
-    init_from: str | None = None  # checkpoint dir to train instead of a preset (with its tokenizer)
-    block_size: int = 16  # L, diffusion block size the model is trained for
+    out: str  # output directory: the weights, train_state.pt, train_config.json and the logs
     tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from (without --data)
     data: str | None = None  # training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets folders and task:NAME, each with an optional @WEIGHT (copies per epoch); None: the --tasks
     skip_bad_rows: bool = False  # skip and count data rows that are not conversations instead of failing on the first
     train_examples: int = 50000  # training examples drawn from each task
-    seq_len: int = 256  # tokens per packed row, a multiple of block_size
-    batch_size: int = 16  # packed rows per optimizer step
-    steps: int = 3000  # optimizer steps
-    lr: float = 2e-3  # peak learning rate
+    seq_len: int = 256  # tokens per packed row, a multiple of the block size
+    batch_size: int = 16  # packed rows per optimizer step, over all processes
+    train_steps: int  # optimizer steps
+    lr: float  # peak learning rate
     warmup_frac: float = 0.03  # fraction of steps with linear warmup
     min_lr_ratio: float = 0.1  # the cosine decays to min_lr_ratio * lr
-    weight_decay: float = 0.1  # AdamW decay, applied to matrices only
+    weight_decay: float  # AdamW decay, applied to matrices only
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
-    bf16: bool = False  # bfloat16 autocast where the device supports it, else fp32
-    seed: int = 0  # seeds the init, the data order and the noise (all pure functions of it)
+    bf16: bool = False  # bfloat16 autocast where the device supports it, else float32 (head training: the frozen backbone's weights too)
+    seed: int = 0  # seeds the init, the data order and every draw of a step (all pure functions of it)
     log_every: int = 10  # steps between JSONL log lines
     save_every: int = 250  # steps between checkpoints (the last step always saves)
     resume: bool = False  # continue from the checkpoint in `out`
-    device: str = "cpu"  # torch device: cpu, cuda or cuda:N
-    vocab_size: int = 1024  # size of the tokenizer trained for a preset (ignored with init_from)
+    device: str = "cpu"  # torch device: cpu, cuda or cuda:N (each process's own under torchrun)
 
     def __post_init__(self) -> None:
         if not self.out:
             raise ValueError("out must name a directory")
-        if self.preset not in BACKBONE_PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; choose one of "
-                             f"{', '.join(BACKBONE_PRESETS)}")
-        check_at_least_one(self, ("block_size", "train_examples", "seq_len", "batch_size",
-                                  "steps", "log_every", "save_every"))
-        if self.seq_len % self.block_size:
-            raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of block_size "
-                             f"({self.block_size})")
+        check_at_least_one(self, ("train_examples", "seq_len", "batch_size", "train_steps",
+                                  "log_every", "save_every"))
         if self.data is None and not self.task_names:
             raise ValueError("tasks must name at least one task")
-        check_optimiser_fields(self)
-        check_at_least_one(self, ("vocab_size",))
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.warmup_frac < 1.0:
+            raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("weight_decay", "grad_clip", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
 
     @property
     def task_names(self) -> tuple[str, ...]:
         return tuple(name.strip() for name in self.tasks.split(",") if name.strip())
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(RunConfig):
+    """SDAR block-diffusion training of a backbone: the run (see RunConfig) and the model."""
+
+    preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, sdar-4b or sdar-8b
+    model: str | None = None  # backbone checkpoint dir (HF format, with its tokenizer) to train instead of a preset; None: a seeded preset
+    block_size: int = 16  # L, diffusion block size the model is trained for
+    vocab_size: int = 1024  # size of the tokenizer trained for a preset (ignored with model)
+    train_steps: int = 3000  # optimizer steps
+    lr: float = 2e-3  # peak learning rate
+    weight_decay: float = 0.1  # AdamW decay, applied to matrices only
+
+    def __post_init__(self) -> None:
+        if self.preset not in BACKBONE_PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose one of "
+                             f"{', '.join(BACKBONE_PRESETS)}")
+        check_at_least_one(self, ("block_size", "vocab_size"))
+        if self.seq_len % self.block_size:
+            raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of block_size "
+                             f"({self.block_size})")
+        super().__post_init__()
 
 
 DISTILL_FORMATS = ("jsonl", "parquet")  # output shard formats of `mrp distill`
@@ -336,11 +346,11 @@ class DistillConfig:
 REVEAL_RULES = ("static", "dynamic", "random")
 
 
-@dataclass(frozen=True)
-class HeadTrainConfig:
-    """MRP head training on a frozen backbone: objective, data, optimiser, checkpoints."""
+@dataclass(frozen=True, kw_only=True)
+class HeadTrainConfig(RunConfig):
+    """MRP head training on a frozen backbone: the run (see RunConfig), the head, the
+    objective and the held-out metrics."""
 
-    out: str  # head checkpoint dir (head + train_state.pt + train_log.jsonl + metrics.jsonl)
     model: str | None = None  # backbone checkpoint dir (HF format, with its tokenizer); it stays frozen; None: the embedded model
     head_layers: int = HeadConfig.num_layers  # decoder layers of the head
     init_std: float = HeadConfig.init_std  # std of the normal init of the head's matrices
@@ -352,46 +362,28 @@ class HeadTrainConfig:
     init_from: str | None = None  # head dir whose weights start a fresh run (same head_layers); None: a seeded init
     reveal_max: int = 1  # reveals per block per step, drawn uniformly from 1..reveal_max
     block_size: int | None = None  # L; None means the model's
-    tasks: str = "arith,arith-code"  # comma-separated task names the data comes from (without --data)
-    data: str | None = None  # training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets folders and task:NAME, each with an optional @WEIGHT (copies per epoch); None: the --tasks
     eval_data: str | None = None  # held-out data in the --data syntax; None: the held-out split of --data (a task's test split)
     held_out_frac: float = 0.02  # share of --data's file rows (by a hash of each row's id) kept out of training as the held-out split, without --eval-data
-    skip_bad_rows: bool = False  # skip and count data rows that are not conversations instead of failing on the first
-    train_examples: int = 50000  # training examples drawn from each task
     eval_examples: int = 128  # held-out examples per source (a task's test split) for the metrics
     eval_prompts: int = 16  # held-out prompts decoded speculatively at each evaluation (accepted drafts per round at --threshold and --lookahead); 0: none
     eval_new_tokens: int = 64  # tokens generated per held-out prompt for the acceptance metric
-    seq_len: int = 256  # tokens per packed row, a multiple of the block size
-    batch_size: int = 16  # packed rows per optimizer step, over all processes
-    steps: int = 2000  # optimizer steps
-    lr: float = 1e-3  # peak learning rate
-    warmup_frac: float = 0.03  # fraction of steps with linear warmup
-    min_lr_ratio: float = 0.1  # the cosine decays to min_lr_ratio * lr
-    weight_decay: float = 0.01  # AdamW decay, applied to matrices only
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
-    bf16: bool = False  # bfloat16 backbone weights and autocast where the device supports it
-    grad_checkpointing: bool = False  # recompute the head's layers in the backward pass
-    seed: int = 0  # seeds the head init, the data order, the noise and the reveals
     eval_every: int = 100  # steps between held-out evaluations (the last step always evaluates)
-    log_every: int = 10  # steps between JSONL log lines
-    save_every: int = 250  # steps between checkpoints (the last step always saves)
-    resume: bool = False  # continue from the checkpoint in `out`
-    device: str = "cpu"  # torch device: cpu, cuda or cuda:N (each process's own under torchrun)
+    grad_checkpointing: bool = False  # recompute the head's layers in the backward pass
+    train_steps: int = 2000  # optimizer steps
+    lr: float = 1e-3  # peak learning rate
+    weight_decay: float = 0.01  # AdamW decay, applied to matrices only
 
     def __post_init__(self) -> None:
-        if self.model == "" or not self.out:
-            raise ValueError("model and out must name directories")
-        check_at_least_one(self, ("head_layers", "lookahead", "reveal_max", "train_examples",
-                                  "eval_examples", "eval_new_tokens", "seq_len", "batch_size", "steps", "eval_every",
-                                  "log_every", "save_every"))
+        if self.model == "":
+            raise ValueError("model must name a directory")
+        check_at_least_one(self, ("head_layers", "lookahead", "reveal_max", "eval_examples",
+                                  "eval_new_tokens", "eval_every"))
         if self.reveal_rule not in REVEAL_RULES:
             raise ValueError(f"unknown reveal_rule {self.reveal_rule!r}; choose one of "
                              f"{', '.join(REVEAL_RULES)}")
         if self.block_size is not None and (self.block_size < 1 or self.seq_len % self.block_size):
             raise ValueError(f"block_size ({self.block_size}) must be >= 1 and divide seq_len "
                              f"({self.seq_len})")
-        if self.data is None and not self.task_names:
-            raise ValueError("tasks must name at least one task")
         if self.init_std <= 0:
             raise ValueError(f"init_std must be > 0, got {self.init_std}")
         if not 0.0 <= self.held_out_frac < 1.0 or self.eval_prompts < 0:
@@ -401,8 +393,4 @@ class HeadTrainConfig:
             raise ValueError(f"threshold must be in (0, 1], commit_weight and burn_in_max "
                              f">= 0, got {self.threshold}, {self.commit_weight} and "
                              f"{self.burn_in_max}")
-        check_optimiser_fields(self)
-
-    @property
-    def task_names(self) -> tuple[str, ...]:
-        return tuple(name.strip() for name in self.tasks.split(",") if name.strip())
+        super().__post_init__()

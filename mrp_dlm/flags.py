@@ -17,12 +17,14 @@ FIELD_COMMENT = re.compile(r"^\s+(\w+):[^#]*#\s*(.+)$")
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """The trailing comment of each field in the class source."""
+    """The trailing comment of each field in the class source and its dataclass bases (a
+    field a subclass declares again takes the subclass's comment)."""
     comments = {}
-    for line in inspect.getsource(cls).splitlines():
-        match = FIELD_COMMENT.match(line)
-        if match:
-            comments[match.group(1)] = match.group(2)
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        for line in inspect.getsource(klass).splitlines():
+            match = FIELD_COMMENT.match(line)
+            if match:
+                comments[match.group(1)] = match.group(2)
     return comments
 
 

@@ -1,6 +1,6 @@
 """Shared fixtures: tiny seeded random backbones, a saved checkpoint, the SDAR fixture files.
 
-The tiny model follows STYLE §7: odd, mutually distinct sizes (vocab 99, hidden 32,
+The tiny model has odd, mutually distinct sizes (vocab 99, hidden 32,
 2 layers, 4 heads / 2 kv heads, intermediate 37), float32, block 4, mask id 98, stop id 97.
 Weights are drawn with a larger std than a real init so that the decode is not degenerate
 (peaked, varied distributions instead of near-uniform ones).

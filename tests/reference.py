@@ -6,7 +6,7 @@ commit rules, stop handling and trimming are explicit Python loops over position
 shares nothing with `mrp_dlm.decoding` except `uniform_noise`, the counter-based random
 numbers, so a seeded sampling decode can be reproduced draw for draw.
 
-Semantics (MRP_BRIEF §1):
+Semantics (SDAR block diffusion):
 - Blocks are counted from the row's position 0; the prompt's trailing partial block is
   the first decode block with its prompt tokens fixed.
 - Greedy: argmax of the full softmax with the mask logit at -inf; confidence = max prob.

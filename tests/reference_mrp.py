@@ -10,7 +10,7 @@ its h_in, under the dense block-causal mask (the head attends to its own keys of
 earlier block, as the published head does); the chained accumulator is summed here
 explicitly.
 
-Semantics (MRP_BRIEF §2, §4):
+Semantics (the MRP paper's three modes):
 - direct: per backbone forward, commit the n_s most confident masked positions of A, then
   up to K head steps (none once the block has no mask left); step k commits the single most confident remaining masked position of
   A + sum C (the head sees the block after every commit so far; h_in is h_A + sum h_C).

@@ -11,8 +11,8 @@ import pytest
 from conftest import run_cli
 from mrp_dlm import distill as distill_module
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.pipeline import Pipeline
+from mrp_dlm.tasks.registry import get_task
 
 
 class Killed(Exception):
@@ -145,9 +145,10 @@ def test_chat_file_to_distilled_head_to_exact_speculative_decoding(tmp_path, cap
     assert code == 0, err
     code, _, err = run_cli(capsys, "train", "head", "--data", str(tmp_path / "distilled"),
                            "--eval-data", str(write_chats(tmp_path / "held.jsonl", 4, answered=True)),
-                           "--out", str(tmp_path / "head"), "--steps", "3", "--batch-size", "2",
-                           "--seq-len", "128", "--head-layers", "1", "--lookahead", "2",
-                           "--eval-every", "3", "--eval-prompts", "2", "--eval-new-tokens", "16")
+                           "--out", str(tmp_path / "head"), "--train-steps", "3",
+                           "--batch-size", "2", "--seq-len", "128", "--head-layers", "1",
+                           "--lookahead", "2", "--eval-every", "3", "--eval-prompts", "2",
+                           "--eval-new-tokens", "16")
     assert code == 0, err
     metrics = [json.loads(line) for line in (tmp_path / "head" / "metrics.jsonl").read_text()
                .splitlines()]

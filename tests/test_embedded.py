@@ -8,10 +8,10 @@ import pytest
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.eval.runner import EvalResult, evaluate
-from mrp_dlm.eval.tasks.arith import extract_answer
-from mrp_dlm.eval.tasks.common import Example
-from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.pipeline import Pipeline, embedded_head_dir, embedded_model_dir
+from mrp_dlm.tasks.arith import extract_answer
+from mrp_dlm.tasks.common import Example
+from mrp_dlm.tasks.registry import get_task
 from margins import stable_rows
 
 MAX_NEW = 128

@@ -13,6 +13,8 @@ log. It evaluates the exact score (the expression above, in float64) only for th
 the groups with the largest bounds, then checks that no other group's bound reaches the
 winner's score; a row that fails the check (rare: see `CANDIDATE_GROUPS`) runs `race`.
 The winner is therefore the definition's, including its tie rule (the lowest token id).
+It also races probs truncated below a floor (a top-p nucleus, `nucleus.py`) without
+writing them: the bounds of probs bound the truncated values too.
 
 Deliberately not here: truncation (top-k/top-p, `sampling.py`), anything that depends on
 which rows share a batch (every operation is per row).
@@ -127,22 +129,31 @@ def screen_bounds(kept: torch.Tensor, keys: torch.Tensor, groups: int) -> torch.
     return bounds
 
 
-def race_screened(kept: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """`race(kept, keys)` (R,) int64, token for token, for a few int32/float32 operations per
-    token (the module docstring says how). One host check; meant for the CPU."""
-    R, V = kept.shape
+def floored(probs: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor:
+    """probs (R, C) with the values below floor (R,) set to 0; probs itself if floor is None."""
+    return probs if floor is None else torch.where(probs >= floor[:, None], probs, 0.0)
+
+
+def race_screened(probs: torch.Tensor, keys: torch.Tensor,
+                  floor: torch.Tensor | None = None) -> torch.Tensor:
+    """`race(kept, keys)` (R,) int64, token for token, for kept = probs (R, V) float32 with
+    the values below floor (R,) (if given) set to 0, for a few int32/float32 operations per
+    token (the module docstring says how; the bounds of probs bound kept's). One host
+    check; meant for the CPU."""
+    R, V = probs.shape
     groups = V // GROUP  # whole groups; the last V % GROUP tokens always race exactly
     if groups <= CANDIDATE_GROUPS:
-        return race(kept, keys)
-    top = screen_bounds(kept, keys, groups).topk(CANDIDATE_GROUPS + 1, dim=-1)  # (R, M+1)
-    offsets = torch.arange(GROUP, device=kept.device)  # (GROUP,)
+        return race(floored(probs, floor), keys)
+    top = screen_bounds(probs, keys, groups).topk(CANDIDATE_GROUPS + 1, dim=-1)  # (R, M+1)
+    offsets = torch.arange(GROUP, device=probs.device)  # (GROUP,)
     ids = (top.indices[:, :-1, None] * GROUP + offsets).view(R, -1)  # (R, M*GROUP)
-    tail = torch.arange(groups * GROUP, V, device=kept.device).expand(R, -1)  # (R, V%GROUP)
+    tail = torch.arange(groups * GROUP, V, device=probs.device).expand(R, -1)  # (R, V%GROUP)
     ids = torch.cat((ids, tail), dim=1)  # (R, C)
-    tokens, best = race_candidates(kept.gather(1, ids), ids, keys)  # (R,), (R,)
+    tokens, best = race_candidates(floored(probs.gather(1, ids), floor), ids, keys)  # (R,) x2
     # A token outside the candidates scores at most its group's bound, below the winner.
     certain = top.values[:, -1].double() * BOUND_SCALE < best  # (R,)
     if not bool(certain.all()):
         rows = (~certain).nonzero()[:, 0]  # (n,)
-        tokens[rows] = race(kept[rows], keys[rows])
+        tokens[rows] = race(floored(probs[rows], None if floor is None else floor[rows]),
+                            keys[rows])
     return tokens

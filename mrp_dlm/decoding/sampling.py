@@ -16,10 +16,13 @@ which is what makes sampled speculation reproduce the sampled rule token for tok
 share a key. Greedy has its own exact path.
 
 On a CPU a sampled step costs about what a greedy one does (`sample_tokens`): truncation
-keeps a few candidates instead of sorting the vocabulary, and the race screens the
-vocabulary with a cheap bound (`race.race_screened`); both give the full-vocabulary
-definition's token, and a row they cannot certify takes the definition (a host check,
-free on a CPU). Elsewhere the definition runs as written, without a host sync.
+keeps a few candidates instead of sorting the vocabulary (a wide top-p nucleus: its floor,
+`nucleus.py`), and the race screens the vocabulary with a cheap bound
+(`race.race_screened`); both give the full-vocabulary definition's token, and a row they
+cannot certify takes the definition (a host check, free on a CPU). One case only the
+definition can settle: a top-p boundary that splits equal probabilities keeps those the
+vocabulary sort places first, so a row whose winner is one of them takes the definition.
+Elsewhere the definition runs as written, without a host sync.
 
 Shapes: B batch, L block positions, V vocab, R = B*L rows, C candidates per row.
 """
@@ -31,6 +34,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from mrp_dlm.decoding.nucleus import nucleus
 from mrp_dlm.decoding.race import GROUP, race, race_candidates, race_screened, token_keys
 
 TOP_P_CANDIDATES = 256  # largest top-p nucleus found without a sort of the vocabulary
@@ -147,39 +151,56 @@ class Candidates:
     values: torch.Tensor  # (R, C) float32, kept probability as `truncate` gives it (0: cut)
     ids: torch.Tensor  # (R, C) int64 token ids
     complete: torch.Tensor  # (R,) bool, False where the kept set may reach past the candidates
+    split: torch.Tensor  # (R,) float32, the value of tokens the top-p boundary splits, else -1
+
+
+def boundary(values: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the last kept value (R,), the first cut one (R,), -1 if none) of `truncate`'s top-p
+    rule on values (R, C) float32 sorted descending, the row's largest."""
+    before = values.cumsum(-1) - values  # (R, C) mass strictly before each token
+    kept = (before < top_p).sum(-1, keepdim=True)  # (R, 1) a prefix: before only grows
+    last = values.gather(1, (kept - 1).clamp_min(0))[:, 0]  # (R,)
+    cut = values.gather(1, kept.clamp_max(values.shape[1] - 1))[:, 0]  # (R,)
+    return last, torch.where(kept[:, 0] < values.shape[1], cut, -1.0)
 
 
 def truncated_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> Candidates | None:
     """`truncate(probs, top_k, top_p)` (R, V) on a few candidates per row: the same kept
-    values, bit for bit, for the tokens that keep any mass. None when nothing is truncated
-    or top-k is too large to pay off. Top-k takes k + 1 candidates (the last one shows
-    whether a tie with the k-th reaches further); top-p alone takes TOP_P_CANDIDATES + 1
-    (the last one shows whether the nucleus ends inside). The cumulative sum of a prefix of
-    the sorted probabilities is the prefix of theirs (a sequential float64 accumulation)."""
+    values, bit for bit, for the tokens that keep any mass, except where the top-p boundary
+    splits equal values (`split`): `truncate`'s sort keeps some of them, which ones depends
+    on the whole row; here all of them. None when nothing is truncated or top-k is too
+    large to pay off. Top-k takes k + 1 candidates (the last one shows whether a tie with
+    the k-th reaches further); top-p alone takes TOP_P_CANDIDATES + 1 (the last one shows
+    whether the nucleus ends inside). The cumulative sum of a prefix of the sorted
+    probabilities is the prefix of theirs (a sequential float64 accumulation)."""
     V = probs.shape[-1]
     by_k, by_p = 0 < top_k < V, top_p < 1.0
     if not (by_k or by_p) or top_k > MAX_TOP_K_CANDIDATES:
         return None
     values, ids = top_candidates(probs, min(V, top_k + 1 if by_k else TOP_P_CANDIDATES + 1))
-    complete = torch.ones(values.shape[0], dtype=torch.bool, device=probs.device)  # (R,)
+    R = values.shape[0]
+    complete = torch.ones(R, dtype=torch.bool, device=probs.device)  # (R,)
+    split = torch.full((R,), -1.0, device=probs.device)  # (R,)
     if by_k:
         kth = values[:, top_k - 1:top_k]  # (R, 1)
         complete = values[:, top_k] < kth[:, 0]
         total = torch.where(probs >= kth, probs, 0.0).sum(-1, keepdim=True)  # as `truncate`
         values = torch.where(values >= kth, values, 0.0) / total
     if by_p:
-        before = values.cumsum(-1) - values  # (R, C) mass strictly before each token
+        last, cut = boundary(values, top_p)  # (R,) each
         if not by_k and values.shape[1] < V:  # beyond the candidates, before only grows
-            complete &= before[:, -1] >= top_p
-        values = torch.where(before < top_p, values, 0.0)
-    return Candidates(values=values, ids=ids, complete=complete)
+            complete &= (cut >= 0) & (values[:, -1] < last)  # and no tie reaches past them
+        split = torch.where((cut == last) & (last > 0), last, -1.0)
+        values = torch.where(values >= last[:, None], values, 0.0)
+    return Candidates(values=values, ids=ids, complete=complete, split=split)
 
 
 def sample_tokens(probs: torch.Tensor, sampling: SamplingConfig, positions: torch.Tensor,
                   draw: torch.Tensor) -> torch.Tensor:
     """The race's winner (B, L) int64 over `truncate(probs)` (B, L, V) float32, keyed by
     (seed, draw (B,), positions (B, L)): `race.race` on every device; on a CPU computed
-    through candidates and the screened race (same tokens), with one host check."""
+    through candidates, the nucleus floor and the screened race (same tokens), with host
+    checks."""
     B, L, V = probs.shape
     keys = token_keys(sampling.seed, positions, draw).view(-1)  # (R,)
     per_row = isinstance(sampling.top_k, torch.Tensor) or isinstance(sampling.top_p, torch.Tensor)
@@ -191,11 +212,38 @@ def sample_tokens(probs: torch.Tensor, sampling: SamplingConfig, positions: torc
     if candidates is None:
         return race_screened(truncate(flat, sampling.top_k, sampling.top_p), keys).view(B, L)
     tokens, _ = race_candidates(candidates.values, candidates.ids, keys)  # (R,)
-    if not bool(candidates.complete.all()):  # a tie at the k-th, or a wide nucleus
-        rows = (~candidates.complete).nonzero()[:, 0]  # (n,)
-        kept = truncate(flat[rows], sampling.top_k, sampling.top_p)  # (n, V)
-        tokens[rows] = race_screened(kept, keys[rows])
+    won = (candidates.ids == tokens[:, None]).int().argmax(-1, keepdim=True)  # (R, 1)
+    # A split tie's winner may be a token the sort cut: only the whole row can tell.
+    settled = candidates.complete & (candidates.values.gather(1, won)[:, 0] != candidates.split)
+    if not bool(settled.all()):  # a tie at the k-th or the top-p boundary, a wide nucleus
+        rows = unsettled_rows(settled)
+        tokens[rows] = unsettled_tokens(flat[rows], keys[rows], sampling)
     return tokens.view(B, L)
+
+
+def unsettled_rows(settled: torch.Tensor) -> torch.Tensor | slice:
+    """The rows (n,) where settled (R,) is False; every row as a slice (a view, not a copy
+    of the rows' probabilities)."""
+    return slice(None) if not bool(settled.any()) else (~settled).nonzero()[:, 0]
+
+
+def unsettled_tokens(probs: torch.Tensor, keys: torch.Tensor,
+                     sampling: SamplingConfig) -> torch.Tensor:
+    """`sample_tokens` (R,) for rows of probs (R, V) the candidates could not settle: over
+    the nucleus floor for top-p alone, else (and where the floor is uncertain, or a split
+    tie wins) over the dense `truncate`."""
+    V = probs.shape[1]
+    if 0 < sampling.top_k < V:
+        return race_screened(truncate(probs, sampling.top_k, sampling.top_p), keys)
+    wide = nucleus(probs, sampling.top_p)
+    tokens = race_screened(probs, keys, floor=wide.floor)  # (R,)
+    won = probs.gather(1, tokens[:, None])[:, 0]  # (R,)
+    settled = wide.certain & ~(wide.split & (won == wide.floor))  # (R,)
+    if not bool(settled.all()):
+        rows = (~settled).nonzero()[:, 0]  # (n,)
+        kept = truncate(probs[rows], sampling.top_k, sampling.top_p)  # (n, V)
+        tokens[rows] = race_screened(kept, keys[rows])
+    return tokens
 
 
 def full_distribution(logits: torch.Tensor, mask_token_id: int,

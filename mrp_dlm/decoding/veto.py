@@ -21,7 +21,7 @@ Head context: the official loop never writes the head's keys of earlier blocks, 
 sees the current block only, though the head was trained attending to them; so does this
 rule. The same veto with the head attending to its keys of every earlier block (as trained,
 and as the direct and speculative modes run it) was measured and did no better at matched
-speed (docs/experiments.md, session 11), so it is not offered.
+speed (docs/experiments.md, 2026-12-01, the paper's remask rule), so it is not offered.
 
 Quota: the official fallback is one position whatever the step's n_s, and its loop stops
 after `steps` steps even when masks remain (it would store a block with masks in it); so

@@ -45,9 +45,9 @@ from mrp_dlm.eval.grid import (LOSSLESS_MODES, family_of, grid_label, rule_of, s
                                setting_of)
 from mrp_dlm.eval.runner import (EvalResult, check_batch_size, check_config, collect, evaluate,
                                  evaluate_batches)
-from mrp_dlm.eval.tasks.common import Example, Task
-from mrp_dlm.model.loading import write_atomic
+from mrp_dlm.files import write_atomic
 from mrp_dlm.pipeline import Pipeline
+from mrp_dlm.tasks.common import Example, Task
 
 WARMUP_PROBLEMS = 2  # problems per config in the excluded warm-up pass
 BENCH_FILE, TABLE_FILE, PARETO_FILE = "bench.json", "bench.md", "pareto.md"

@@ -26,9 +26,9 @@ from mrp_dlm.eval.bench import GradeMemo, GridResults, bench_rows, ratio, split_
 from mrp_dlm.eval.defaults import DEMO_PROBLEMS
 from mrp_dlm.eval.grid import BASELINE, grid_label
 from mrp_dlm.eval.runner import BatchResult, EvalResult, check_config, collect, evaluate_batches
-from mrp_dlm.eval.tasks.common import Example, Task
-from mrp_dlm.eval.tasks.registry import EMBEDDED_TASKS, get_task
 from mrp_dlm.pipeline import Pipeline
+from mrp_dlm.tasks.common import Example, Task
+from mrp_dlm.tasks.registry import EMBEDDED_TASKS, get_task
 
 DEMO_MAX_NEW_TOKENS = 128  # longest reference answers are ~90 tokens
 DEMO_CONFIGS = tuple(DecodeConfig(max_new_tokens=DEMO_MAX_NEW_TOKENS, **fields) for fields in (

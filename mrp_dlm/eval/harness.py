@@ -4,9 +4,9 @@
         --model_args pretrained=DIR,head=HEAD,mode=speculative,lookahead=3,threshold=0.9 \\
         --tasks gsm8k --apply_chat_template --batch_size 16 --device cuda
 
-Model args: `pretrained` (checkpoint directory; default the embedded model, which brings
-its embedded head), `head`, `dtype`, `mask_token_id`, `threads`, and every scalar field of
-`DecodeConfig` (mode, threshold, lookahead, block_size, temperature, ...); lm-eval's
+Model args: `pretrained` (checkpoint directory; `embedded`, the default, is the embedded
+model, which brings its embedded head), `head`, `dtype`, `mask_token_id`, `threads`, and
+every scalar field of `DecodeConfig` (mode, threshold, lookahead, block_size, ...); lm-eval's
 `--batch_size` and `--device` arrive as `batch_size` and `device`. A request's own
 generation settings (the task's `generation_kwargs`, lm-eval's `--gen_kwargs`) override
 `max_new_tokens` (as `max_gen_toks`), `temperature`, `top_k` and `top_p` for that
@@ -18,8 +18,10 @@ Why a module to run: lm-eval 0.4.x (0.4.13 included) resolves `--model NAME` onl
 registry, which holds its own models and whatever the running process has imported; no
 installed package can add a name to the plain `lm_eval` command. Importing this module
 registers `MrpLM` as "mrp" (`@register_model`); running it as `python -m` runs lm-eval's
-own command line, arguments unchanged, after that import; and `lm_eval.simple_evaluate`
-finds "mrp" once this module is imported. pyproject.toml also declares the `lm_eval.models`
+own command line after that import, with `pretrained=embedded` added when the mrp model's
+args name no checkpoint (lm-eval names `--output_path`'s folder after `pretrained`, and
+picks a random name without one); `lm_eval.simple_evaluate` finds "mrp" once this module
+is imported. pyproject.toml also declares the `lm_eval.models`
 entry point that lm-eval added after 0.4.13, so with such a release the plain `lm_eval
 --model mrp` finds it.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +59,11 @@ except ImportError as error:  # the extra is optional; say how to get it
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "mrp"  # the name `--model` takes
+# pretrained=embedded: the shipped model. lm-eval names --output_path's folder after
+# `pretrained` (and picks a random name without one), so `main` fills this in.
+EMBEDDED_NAME = "embedded"
+MODEL_FLAGS = ("--model", "-M")  # lm-eval's spellings of these flags
+MODEL_ARGS_FLAGS = ("--model_args", "-a")
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # what lm_eval's command line passes without --device
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p")
 LOGLIKELIHOOD_ERROR = (
@@ -164,7 +172,7 @@ def device_of(name: str | None) -> str:
 class MrpLM(LM):
     """lm-eval's LM interface over a Pipeline: generate_until only."""
 
-    def __init__(self, pretrained: str | None = None, head: str | None = None,
+    def __init__(self, pretrained: str = EMBEDDED_NAME, head: str | None = None,
                  dtype: str = DEFAULT_DTYPE, device: str | None = None,
                  mask_token_id: int | None = None, threads: int | None = None,
                  batch_size: int | str = 1, max_batch_size: int | None = None,
@@ -175,7 +183,8 @@ class MrpLM(LM):
                              "mrp model does not support; give --batch_size N")
         self.config = decode_config(decode_args)  # the decode every request starts from
         self.batch_size = batch_size_of(batch_size)
-        self.pipe = Pipeline.load(pretrained, dtype, device_of(device), mask_token_id,
+        directory = None if pretrained == EMBEDDED_NAME else pretrained  # None: embedded
+        self.pipe = Pipeline.load(directory, dtype, device_of(device), mask_token_id,
                                   self.config.block_size, head, threads)
         if self.pipe.tokenizer is None:
             raise ValueError(f"{self.pipe.directory} has no tokenizer; lm-eval sends text")
@@ -228,10 +237,47 @@ class MrpLM(LM):
         return texts
 
 
+def flag_values(argv: list[str], flags: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(index, text) of each value given to any of `flags`: `--flag=v`, or the words after
+    `--flag` up to the next option (lm-eval 0.4.13 takes several, older releases one)."""
+    found, taking = [], False
+    for index, token in enumerate(argv):
+        name, equals, value = token.partition("=")
+        if token.startswith("-"):
+            taking = token in flags
+            if name in flags and equals:
+                found.append((index, value))
+        elif taking:
+            found.append((index, token))
+    return found
+
+
+def name_the_model(argv: list[str]) -> list[str]:
+    """lm-eval's arguments with `pretrained=embedded` added to the mrp model's args when they
+    name no checkpoint, so `--output_path DIR` writes to DIR/embedded/ and not to a folder
+    of a random name. Left as they are: another model, a `--config` file (its model args
+    are not read here) and model args given as JSON."""
+    models = flag_values(argv, MODEL_FLAGS)
+    if [value for _, value in models] != [MODEL_NAME] or flag_values(argv, ("--config", "-C")):
+        return argv
+    found = flag_values(argv, MODEL_ARGS_FLAGS)
+    keys = {item.partition("=")[0].strip() for _, value in found for item in value.split(",")}
+    if "pretrained" in keys or any(value.lstrip().startswith("{") for _, value in found):
+        return argv
+    named = f"pretrained={EMBEDDED_NAME}"
+    if not found:
+        return [*argv, MODEL_ARGS_FLAGS[0], named]
+    index, value = found[0]
+    token = argv[index]  # the value itself, or `--model_args=value`
+    return [*argv[:index], f"{token},{named}" if value else f"{token}{named}", *argv[index + 1:]]
+
+
 def main() -> None:
-    """lm-eval's command line, with `--model mrp` registered (this module's import did it)."""
+    """lm-eval's command line, with `--model mrp` registered (this module's import did it)
+    and the embedded model named (`name_the_model`)."""
     from lm_eval.__main__ import cli_evaluate
 
+    sys.argv[1:] = name_the_model(sys.argv[1:])
     cli_evaluate()
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mrp_dlm.eval.pareto import frontier_rows
-from mrp_dlm.model.loading import write_atomic
+from mrp_dlm.files import write_atomic
 
 MARKERS = {True: ("*", 200), False: ("o", 36)}  # lossless flag -> marker, size
 

@@ -22,8 +22,8 @@ from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval import store
 from mrp_dlm.eval.defaults import EVAL_BATCH_SIZE
 from mrp_dlm.eval.grid import grid_label, setting_of
-from mrp_dlm.eval.tasks.common import Example, Task
 from mrp_dlm.pipeline import Pipeline
+from mrp_dlm.tasks.common import Example, Task
 
 SPEED_KEYS = ("stats_note", "stats", "wall_seconds")  # summary figures of one decoding invocation
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.model.loading import write_atomic
+from mrp_dlm.files import write_atomic
 
 RUN_FILE = "run.json"
 SAMPLES_FILE = "samples.jsonl"

@@ -19,9 +19,10 @@ import torch
 from safetensors.torch import save_file
 
 from mrp_dlm.config import HeadConfig
+from mrp_dlm.files import write_atomic
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
-from mrp_dlm.model.loading import SINGLE_FILE, CheckpointError, copy_shard, read_json, write_atomic
+from mrp_dlm.model.loading import SINGLE_FILE, CheckpointError, copy_shard, read_json
 
 HEAD_KIND = "mrp-head"
 # What the head attends to, saved with it. Heads saved before the key existed attended to

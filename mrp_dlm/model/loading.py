@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPE_NAMES, SDAR_BLOCK_SIZE,
                             SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS, BackboneConfig,
                             check_block_divides)
+from mrp_dlm.files import write_atomic
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 
@@ -265,14 +266,6 @@ def copy_tensors(files: list[Path], params: dict[str, torch.Tensor], directory: 
     if missing:
         raise CheckpointError(f"{directory}: missing tensor(s) {', '.join(missing[:5])}"
                               + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-
-
-def write_atomic(path: Path, write) -> None:
-    """Write through a temporary file and rename, so a crash never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    os.chmod(tmp, 0o644)  # some writers create 0600 files; checkpoints are meant to be shared
-    os.replace(tmp, path)
 
 
 def plan_shards(tensors: dict[str, torch.Tensor], max_shard_bytes: int | None) -> list[list[str]]:

@@ -42,12 +42,13 @@ import torch
 from safetensors import safe_open
 
 from mrp_dlm.config import HeadConfig
+from mrp_dlm.files import write_atomic
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 from mrp_dlm.model.head_loading import (Fingerprint, fingerprint_of, lm_head_hash,
                                         mismatch_message, read_head_meta)
 from mrp_dlm.model.loading import (CheckpointError, config_to_hf, copy_tensors, read_config,
-                                   read_json, save_tensors, weight_files, write_atomic)
+                                   read_json, save_tensors, weight_files)
 from mrp_dlm.model.tokenizer import TOKENIZER_FILES
 
 RELEASE_ARCHITECTURE = "SDARMRPForCausalLM"  # config.json `architectures` of a release

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.model.tokenizer import TextTokenizer
+from mrp_dlm.tasks.registry import get_task
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,13 @@
 """`mrp train head`: train an MRP residual head on a frozen backbone, with exact resume.
 
 `train_head(config)` loads the backbone (frozen: no grads, eval mode; bfloat16 with
-`--bf16`) and its tokenizer, builds a seeded head, and runs AdamW with the backbone
-loop's warmup + cosine schedule on the objective of `head_loss.py`. Every `save_every`
+`--bf16`) and its tokenizer, builds a seeded head, and runs the shared step loop of
+`run.py` (AdamW, warmup + cosine) on the objective of `head_loss.py`. Every `save_every`
 steps and at the end rank 0 writes into `config.out`: the head (`save_head`: config.json
-with the backbone fingerprint + model.safetensors), `train_state.pt`, `train_config.json`
-and `loss_curve.png`; `train_log.jsonl` gets a line every `log_every` steps and
-`metrics.jsonl` the held-out metrics (see `head_eval.py`) every `eval_every` steps.
+with the backbone fingerprint + model.safetensors) and the run files of `run.py`
+(`train_state.pt`, `train_config.json`, `loss_curve.png`); `train_log.jsonl` gets a line
+every `log_every` steps and `metrics.jsonl` the held-out metrics (see `head_eval.py`) every
+`eval_every` steps.
 
 Resume is exact for the same reasons as the backbone's (see `loop.py`): the batch, the
 noise and the reveal draws of step s are pure functions of (seed, s), drawn for the whole
@@ -15,8 +16,8 @@ global batch, so neither resuming nor the number of processes changes them.
 Under torchrun the same call trains with DDP (see `distributed.py`); `batch_size` is the
 global number of rows.
 
-Deliberately not here: the objective and metrics (see `head_loss.py`, `head_eval.py`),
-flag parsing (see `cli.py`).
+Deliberately not here: the run machinery (see `run.py`), the objective and metrics (see
+`head_loss.py`, `head_eval.py`), flag parsing (see `cli.py`).
 
 Shapes: B rows, T tokens per row, K lookahead.
 """
@@ -26,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from torch.utils.checkpoint import checkpoint
-from tqdm import tqdm
 
 from mrp_dlm.config import HeadConfig, HeadTrainConfig
 from mrp_dlm.model.backbone import Backbone
@@ -43,7 +42,6 @@ from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head, save_head
 from mrp_dlm.model.loading import SINGLE_FILE, embedded_model_dir, load_backbone
 from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
-from mrp_dlm.training import loop
 from mrp_dlm.training.conversations import ChatEncoder
 from mrp_dlm.training.data import (BatchSchedule, PackedBatch, Sample, SpecialIds, derive_seed,
                                    find_special_ids)
@@ -55,6 +53,11 @@ from mrp_dlm.training.head_eval import HeldOutBatch, build_held_out, evaluate_he
 from mrp_dlm.training.head_loss import (RevealPlan, advance_blocks, chain_loss, chain_steps,
                                         draw_reveals)
 from mrp_dlm.training.noise import NoisyBatch, add_noise
+from mrp_dlm.training.run import (CURVE_FILE, LOG_FILE, RUN_FREE_FIELDS, Progress, RunHooks,
+                                  RunLog, StepResult, apply_gradients, autocast, autocast_dtype,
+                                  build_optimizer, is_due, is_resuming, read_train_state,
+                                  run_steps, save_train_state, set_learning_rate,
+                                  write_loss_curve)
 from mrp_dlm.training.sources import DataOptions, load_eval_sources, load_sources, task_spec
 
 log = logging.getLogger(__name__)
@@ -62,8 +65,8 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 # Fields a resumed run may change: they touch neither the weights nor the data. The model
 # directory may move: the head's backbone fingerprint is checked on load instead.
-RESUME_FREE_FIELDS = loop.RESUME_FREE_FIELDS + ("model", "eval_every", "eval_examples",
-                                                 "eval_data", "eval_prompts", "eval_new_tokens")
+RESUME_FREE_FIELDS = RUN_FREE_FIELDS + ("model", "eval_every", "eval_examples", "eval_data",
+                                         "eval_prompts", "eval_new_tokens")
 
 
 @dataclass(frozen=True)
@@ -152,18 +155,17 @@ class HeadRun:
 
 
 def start_head_run(config: HeadTrainConfig, world: World, backbone: Backbone,
-                   precision: torch.dtype | None) -> tuple[HeadRun, loop.Progress]:
+                   precision: torch.dtype | None) -> tuple[HeadRun, Progress]:
     """A fresh (seeded) or resumed head with its optimizer, and the progress so far."""
     out = Path(config.out)
-    if loop.is_resuming(out, config.resume):
-        optimizer_state, progress = loop.read_train_state(out, config, world.device,
-                                                          RESUME_FREE_FIELDS)
+    if is_resuming(out, config.resume):
+        optimizer_state, progress = read_train_state(out, config, world.device,
+                                                     RESUME_FREE_FIELDS)
         head = resume_head(config, out, backbone)
-        optimizer = loop.build_optimizer(head, config)
-        optimizer.load_state_dict(optimizer_state)
+        optimizer = build_optimizer(head, config, optimizer_state)
     else:
-        head, progress = build_head(config, backbone), loop.Progress()
-        optimizer = loop.build_optimizer(head, config)
+        head, progress = build_head(config, backbone), Progress()
+        optimizer = build_optimizer(head, config)
     if config.grad_checkpointing:
         checkpoint_layers(head)
     run = HeadRun(config, world, out, backbone, head, wrap_module(head, world), optimizer,
@@ -232,9 +234,8 @@ def fully_masked(batch: PackedBatch, mask_token_id: int) -> NoisyBatch:
 def train_step(run: HeadRun, inputs: StepInputs, step: int) -> tuple[float, float]:
     """One optimizer step; returns (global loss, gradient norm before clipping)."""
     config, backbone = run.config, run.backbone
-    for group in run.optimizer.param_groups:
-        group["lr"] = loop.learning_rate(config, step)
-    with autocast_context(run):
+    set_learning_rate(run.optimizer, config, step)
+    with autocast(run.world.device, run.precision):
         blocks, context = encode_batch(backbone, inputs.batch, inputs.noisy)
         take = context.layout.take
         threshold = 1.0 if config.reveal_rule == "static" else config.threshold
@@ -247,37 +248,28 @@ def train_step(run: HeadRun, inputs: StepInputs, step: int) -> tuple[float, floa
                           inputs.normaliser, backbone.config.mask_token_id,
                           config.commit_weight, threshold)
     loss.backward()
-    max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.head.parameters(), max_norm)
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    return all_sum(loss.detach(), run.world).item() / run.world.size, grad_norm.item()
+    grad_norm = apply_gradients(run.optimizer, run.head, config)
+    return all_sum(loss.detach(), run.world).item() / run.world.size, grad_norm
 
 
-def autocast_context(run: HeadRun) -> torch.autocast:
-    return torch.autocast(torch.device(run.world.device).type,
-                          dtype=run.precision or torch.bfloat16, enabled=run.precision is not None)
-
-
-def save_head_checkpoint(run: HeadRun, progress: loop.Progress, history: list[dict],
+def save_head_checkpoint(run: HeadRun, progress: Progress, history: list[dict],
                          metrics: list[dict]) -> None:
-    """Head weights first, then the state that names their hash (see `loop.save_train_state`)."""
+    """Head weights first, then the state that names their hash (see `run.save_train_state`)."""
     save_head(run.head, run.backbone, run.out, run.config.block_size)
-    loop.save_train_state(run.out, run.optimizer, progress, run.config)
+    save_train_state(run.out, run.optimizer, progress, run.config)
     if history:
         acceptance = [(r["step"], r["acceptance"]["accepted_per_round"]) for r in metrics
                       if "acceptance" in r]
-        loop.write_loss_curve(run.out / loop.CURVE_FILE, history,
-                              ylabel="loss (KL / p per response token)", title="MRP head training",
-                              acceptance=acceptance)
+        write_loss_curve(run.out / CURVE_FILE, history, "loss (KL / p per response token)",
+                         "MRP head training", acceptance)
     log.info("saved step %d to %s", progress.step, run.out)
 
 
-def run_evaluation(run: HeadRun, data: RunData, step: int, metrics: list[dict]) -> dict:
+def run_evaluation(run: HeadRun, data: RunData, step: int, metrics: RunLog) -> dict:
     """Held-out metrics and speculative acceptance now; rank 0 appends them to metrics.jsonl."""
     started = time.perf_counter()
     run.head.eval()
-    with autocast_context(run):
+    with autocast(run.world.device, run.precision):
         by_rule = evaluate_head(run.head, run.backbone, data.held_out, run.config.lookahead,
                                 run.world)
         result = {**by_rule["static"], "random_reveal": by_rule["random"]}
@@ -286,8 +278,7 @@ def run_evaluation(run: HeadRun, data: RunData, step: int, metrics: list[dict]) 
                                                       run.config, run.world)
     run.head.train()
     record = {"step": step, **result, "seconds": round(time.perf_counter() - started, 3)}
-    if run.world.is_main:
-        loop.append_log(run.out, record, metrics, METRICS_FILE)
+    metrics.append(record)
     return record
 
 
@@ -310,7 +301,7 @@ def run_training(config: HeadTrainConfig, world: World) -> Path:
     if config.batch_size % world.size:
         raise ValueError(f"batch_size ({config.batch_size}) must be a multiple of the "
                          f"number of processes ({world.size})")
-    precision = loop.autocast_dtype(config)
+    precision = autocast_dtype(config)
     log.info("loading the backbone %s", config.model)
     backbone = load_frozen_backbone(config, precision or torch.float32, world.device)
     tokenizer, special = model_tokenizer(config, backbone)
@@ -319,34 +310,28 @@ def run_training(config: HeadTrainConfig, world: World) -> Path:
     if world.is_main:
         Path(config.out).mkdir(parents=True, exist_ok=True)
     run, progress = start_head_run(config, world, backbone, precision)
-    history = loop.read_history(run.out, progress.step) if world.is_main else []
-    metrics = loop.read_history(run.out, progress.step, METRICS_FILE) if world.is_main else []
+    log_file = RunLog.resume(run.out / LOG_FILE, progress.step, world.is_main)
+    metrics = RunLog.resume(run.out / METRICS_FILE, progress.step, world.is_main)
     log.info("%d samples, %d held-out rows, head %.2fM parameters, start at step %d of %d",
              len(data.schedule.samples), sum(h.batch.input_ids.shape[0] for h in data.held_out),
-             sum(p.numel() for p in run.head.parameters()) / 1e6, progress.step, config.steps)
-    window = loop.LogWindow()
-    bar = tqdm(range(progress.step, config.steps), initial=progress.step, total=config.steps,
-               desc="train head", unit="step", mininterval=1.0, disable=not world.is_main)
-    for step in bar:
-        started = time.perf_counter()
-        inputs = draw_step(config, data.schedule, step, special.mask, L, world)
-        loss, grad_norm = train_step(run, inputs, step)
-        seconds = time.perf_counter() - started
-        progress = loop.Progress(step + 1, progress.elapsed + seconds,
-                                 progress.tokens + inputs.tokens)
-        window.add(loss, inputs.tokens, seconds)
-        done = progress.step == config.steps
-        if progress.step % config.log_every == 0 or done:
-            record = window.record(progress, loop.learning_rate(config, step), grad_norm)
-            if world.is_main:
-                loop.append_log(run.out, record, history)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            window = loop.LogWindow()
-        if progress.step % config.eval_every == 0 or done:
-            result = run_evaluation(run, data, progress.step, metrics)
-            accepted = result.get("acceptance", {}).get("accepted_per_round", 0.0)
-            bar.set_postfix(kl=f"{result['kl_residual'][0]:.4f}", accepted=f"{accepted:.3f}")
-        if world.is_main and (progress.step % config.save_every == 0 or done):
-            save_head_checkpoint(run, progress, history, metrics)
-    bar.close()
+             sum(p.numel() for p in run.head.parameters()) / 1e6, progress.step,
+             config.train_steps)
+
+    def step(index: int) -> StepResult:
+        inputs = draw_step(config, data.schedule, index, special.mask, L, world)
+        loss, grad_norm = train_step(run, inputs, index)
+        return StepResult(loss, grad_norm, inputs.tokens)
+
+    def evaluate(progress: Progress, done: bool) -> dict[str, str]:
+        if not is_due(progress.step, config.eval_every, done):
+            return {}
+        result = run_evaluation(run, data, progress.step, metrics)
+        accepted = result.get("acceptance", {}).get("accepted_per_round", 0.0)
+        return {"kl": f"{result['kl_residual'][0]:.4f}", "accepted": f"{accepted:.3f}"}
+
+    def save(progress: Progress) -> None:
+        if world.is_main:
+            save_head_checkpoint(run, progress, log_file.records, metrics.records)
+
+    run_steps(config, progress, RunHooks(step, save, evaluate), log_file, "train head")
     return run.out

@@ -1,4 +1,4 @@
-"""The MRP head objective: reveal, teach, correct, and the KL between them (brief §3).
+"""The MRP head objective: reveal, teach, correct, and the KL between them (as in the MRP paper).
 
 Per lookahead step k = 1..K, on the noisy blocks of a batch:
     reveal   in every block that still holds masks, commit `counts` positions:

@@ -5,8 +5,9 @@ The definition is the full-vocabulary computation `propose` ran before the fast 
 It is written out here once more (`definition_tokens`), and the keyed noise formula is
 pinned as it was (`pinned_uniform_noise`), so a change to either shows. Cases cover every
 path of `sample_tokens`: no truncation (screened race), top-k, top-p, both, top-k ties
-(candidates incomplete), wide nuclei (sorted fallback), and the screened race's own
-fallback (forced with a tiny CANDIDATE_GROUPS).
+(candidates incomplete), wide nuclei (the nucleus floor, and its forced fallback), top-p
+boundaries that split equal probabilities (narrow and wide, and a split tie that wins),
+and the screened race's own fallback (forced with a tiny CANDIDATE_GROUPS).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mrp_dlm.decoding import nucleus as nucleus_module
 from mrp_dlm.decoding import race as race_module
+from mrp_dlm.decoding import sampling as sampling_module
 from mrp_dlm.decoding.race import (MASK32, mix32, mix32_wrapping_, race, race_screened,
                                    token_keys, uniform_noise)
 from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
@@ -132,3 +135,51 @@ def test_per_row_seeds_and_a_batch_equal_rows_alone():
         assert torch.equal(sample_tokens(probs[b:b + 1], alone, positions[b:b + 1],
                                          draw[b:b + 1]), batched[b:b + 1])
     assert torch.equal(batched, definition_tokens(probs, sampling, positions, draw))
+
+
+@pytest.mark.parametrize("top_p", [0.95, 0.8])
+def test_a_flat_nucleus_at_the_sdar_vocabulary(top_p):
+    probs, sampling, positions, draw = case(151_936, 1.0, B=1, L=4, top_p=top_p)
+    assert torch.equal(sample_tokens(probs, sampling, positions, draw),
+                       definition_tokens(probs, sampling, positions, draw))
+
+
+@pytest.mark.parametrize("V,top_p", [(4099, 0.5), (4099, 0.95), (20_011, 0.9)])
+def test_equal_probabilities_at_the_top_p_boundary(V, top_p):
+    """Logits on a grid: the boundary splits equal probabilities in most rows, and the
+    dense sort decides which of them stay (narrow nuclei: candidates; wide: the floor)."""
+    for seed in range(4):
+        probs, sampling, positions, draw = case(V, 3.0, L=16, seed=seed, temperature=1.0,
+                                                top_p=top_p)
+        probs = full_distribution((probs.log() * 2).round(), V - 1, sampling)  # ties
+        assert torch.equal(sample_tokens(probs, sampling, positions, draw),
+                           definition_tokens(probs, sampling, positions, draw))
+
+
+@pytest.mark.parametrize("V", [4099, 20_011])
+def test_a_split_tie_that_wins_takes_the_dense_truncate(V, monkeypatch):
+    """Most of the mass on one value shared by half the vocabulary: the nucleus boundary
+    splits it and the race's winner is one of those tokens, so only the sort can tell."""
+    probs, sampling, positions, draw = case(V, 1.0, L=8, top_p=0.5)
+    logits = torch.zeros(2, 8, V)
+    logits[..., ::2] = 4.0  # (B, L, V) half the tokens share the top value
+    probs = full_distribution(logits, V - 1, sampling)
+    calls = []
+
+    def counted(probs, top_k, top_p):
+        calls.append(probs.shape[0])
+        return truncate(probs, top_k, top_p)
+
+    monkeypatch.setattr(sampling_module, "truncate", counted)
+    got = sample_tokens(probs, sampling, positions, draw)
+    monkeypatch.undo()
+    assert calls  # the dense fallback ran
+    assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
+
+
+def test_an_uncertain_nucleus_takes_the_dense_truncate(monkeypatch):
+    probs, sampling, positions, draw = case(20_011, 0.3, top_p=0.9)
+    monkeypatch.setattr(nucleus_module, "MAX_BAND", 8)
+    got = sample_tokens(probs, sampling, positions, draw)
+    monkeypatch.undo()
+    assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))

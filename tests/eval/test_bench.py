@@ -10,8 +10,8 @@ import pytest
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.eval import bench
 from mrp_dlm.eval.grid import DEFAULT_GRID, family_of, grid_label, parse_grid, rule_of, setting_of
-from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.pipeline import Pipeline
+from mrp_dlm.tasks.registry import get_task
 
 BASE = DecodeConfig(max_new_tokens=8, adaptive=False, remask_delta=1.0)  # speculative rows draft every round
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

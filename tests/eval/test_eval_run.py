@@ -10,8 +10,8 @@ import pytest
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.eval import store
 from mrp_dlm.eval.runner import evaluate_to_dir
-from mrp_dlm.eval.tasks.registry import get_task
 from mrp_dlm.pipeline import Pipeline
+from mrp_dlm.tasks.registry import get_task
 
 MAX_NEW = 6
 BATCH = 2

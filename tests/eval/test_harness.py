@@ -26,7 +26,8 @@ from lm_eval.api.registry import get_model  # noqa: E402
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval import harness  # noqa: E402
 from mrp_dlm.eval.harness import Generation, MrpLM, generation_of  # noqa: E402
-from mrp_dlm.eval.tasks.arith import ArithTask, extract_answer  # noqa: E402
+from mrp_dlm.model.loading import embedded_head_dir, embedded_model_dir  # noqa: E402
+from mrp_dlm.tasks.arith import ArithTask, extract_answer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_DIR = REPO / "tests" / "eval" / "lm_eval_task"
@@ -77,6 +78,49 @@ def test_batch_size_and_device_args():
         assert harness.device_of("cuda:0") == "cpu"
         with pytest.raises(ValueError, match="cuda:1"):
             MrpLM(device="cuda:1")
+
+
+def test_the_embedded_model_is_named_for_lm_eval():
+    """`python -m mrp_dlm.eval.harness` adds pretrained=embedded where the mrp model's args
+    name no checkpoint: lm-eval names --output_path's folder after `pretrained`."""
+    name = harness.name_the_model
+    run_args = ["--tasks", "gsm8k", "--output_path", "out"]
+    assert name(["--model", "mrp", *run_args]) == [
+        "--model", "mrp", *run_args, "--model_args", "pretrained=embedded"]
+    assert name(["run", "-M", "mrp", "-a", "mode=static", "lookahead=3", *run_args]) == [
+        "run", "-M", "mrp", "-a", "mode=static,pretrained=embedded", "lookahead=3", *run_args]
+    assert name(["--model=mrp", "--model_args=mode=static,threshold=0.9"]) == [
+        "--model=mrp", "--model_args=mode=static,threshold=0.9,pretrained=embedded"]
+    assert name(["--model", "mrp", "--model_args", ""]) == [
+        "--model", "mrp", "--model_args", "pretrained=embedded"]
+    unchanged = (["--model", "mrp", "--model_args", "mode=static", "pretrained=/ckpt/sdar-8b"],
+                 ["--model", "mrp", "--model_args", "pretrained=embedded,mode=static"],
+                 ["--model", "mrp", "--model_args", '{"mode": "static"}'],
+                 ["--model", "mrp", "--config", "eval.yaml"],
+                 ["--model", "hf", "--model_args", "dtype=float32"],
+                 ["ls", "tasks"])
+    for argv in unchanged:
+        assert name(argv) == argv
+
+
+def test_lm_eval_names_the_folder_after_pretrained_as_documented():
+    """docs/evaluation.md's rule, on the installed lm-eval: NAME is `pretrained` with runs of
+    `"<>:/|\\?*[]` replaced by `__` (string or dict model args alike)."""
+    from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
+    from lm_eval.utils import sanitize_model_name
+
+    def folder(model_args):
+        return sanitize_model_name(GeneralConfigTracker._get_model_name(model_args))
+
+    assert folder("mode=static,pretrained=embedded") == folder({"pretrained": "embedded"}) \
+        == "embedded"
+    assert folder({"pretrained": "/ckpt/sdar-8b", "mode": "static"}) == "__ckpt__sdar-8b"
+    assert GeneralConfigTracker._get_model_name({"mode": "static"}) is None  # then random
+
+
+def test_pretrained_embedded_is_the_embedded_model_and_head(embedded_lm):
+    assert embedded_lm.pipe.directory == embedded_model_dir()
+    assert embedded_lm.pipe.head_dir == embedded_head_dir()
 
 
 def test_request_settings_override_the_model_args():
@@ -179,8 +223,10 @@ def test_lm_eval_scores_like_mrp_eval(tmp_path):
          *[item for name, value in decode.items() for item in (f"--{name}", value)],
          "--out", str(tmp_path / "mrp")], tmp_path)
 
-    [samples_file] = (tmp_path / "lm_eval").glob("*/samples_mrp_arith_*.jsonl")
-    [results_file] = (tmp_path / "lm_eval").glob("*/results_*.json")
+    folder = tmp_path / "lm_eval" / "embedded"  # named after pretrained=embedded
+    [samples_file] = folder.glob("samples_mrp_arith_*.jsonl")
+    [results_file] = folder.glob("results_*.json")
+    assert [path.name for path in (tmp_path / "lm_eval").iterdir()] == ["embedded"]
     ours = sorted((json.loads(line) for line in samples_file.read_text().splitlines()),
                   key=lambda sample: sample["doc_id"])
     theirs = [json.loads(line) for line in (tmp_path / "mrp" / "samples.jsonl").read_text()

@@ -8,7 +8,7 @@ from mrp_dlm.config import DecodeConfig
 from mrp_dlm.eval import pareto
 from mrp_dlm.eval.bench import GradeMemo
 from mrp_dlm.eval.grid import grid_label, parse_grid
-from mrp_dlm.eval.tasks.common import Example
+from mrp_dlm.tasks.common import Example
 
 
 def test_the_frontier_keeps_only_points_nothing_beats():

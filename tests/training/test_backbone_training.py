@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from mrp_dlm.config import BackboneConfig, TrainConfig
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.tokenizer import load_tokenizer
-from mrp_dlm.training import loop
+from mrp_dlm.training import loop, run
 from mrp_dlm.training.data import (BatchSchedule, PackedBatch, Sample, collate_rows, pack_rows,
                                    render_prompts)
 from mrp_dlm.training.losses import block_diffusion_loss, diffusion_loss
@@ -185,12 +185,12 @@ def test_dropping_unmasked_noisy_blocks_keeps_the_loss(make_model):
 
 
 def test_learning_rate_schedule():
-    config = TrainConfig(out="unused", preset="tiny", steps=100, lr=1e-3, warmup_frac=0.1,
-                         min_lr_ratio=0.1)
-    assert loop.learning_rate(config, 0) == pytest.approx(1e-4)
-    assert loop.learning_rate(config, 9) == pytest.approx(1e-3)
-    assert loop.learning_rate(config, 99) == pytest.approx(1e-4)
-    rates = [loop.learning_rate(config, s) for s in range(10, 100)]
+    config = TrainConfig(out="unused", preset="tiny", train_steps=100, lr=1e-3,
+                         warmup_frac=0.1, min_lr_ratio=0.1)
+    assert run.learning_rate(config, 0) == pytest.approx(1e-4)
+    assert run.learning_rate(config, 9) == pytest.approx(1e-3)
+    assert run.learning_rate(config, 99) == pytest.approx(1e-4)
+    rates = [run.learning_rate(config, s) for s in range(10, 100)]
     assert all(a >= b for a, b in zip(rates, rates[1:]))
 
 
@@ -203,7 +203,7 @@ def test_train_config_validation():
 
 def tiny_config(out: Path, **changes) -> TrainConfig:
     base = TrainConfig(out=str(out), preset="tiny", block_size=BLOCK, tasks="arith",
-                       train_examples=40, seq_len=256, batch_size=2, steps=8, lr=3e-3,
+                       train_examples=40, seq_len=256, batch_size=2, train_steps=8, lr=3e-3,
                        warmup_frac=0.1, vocab_size=400, log_every=2, save_every=100)
     return dataclasses.replace(base, **changes)
 
@@ -213,17 +213,17 @@ def read_weights(out: Path) -> dict[str, torch.Tensor]:
 
 
 def test_training_smoke_loss_falls(tmp_path):
-    config = tiny_config(tmp_path / "run", train_examples=100, batch_size=4, steps=60, lr=5e-3,
-                         log_every=10, save_every=30)
+    config = tiny_config(tmp_path / "run", train_examples=100, batch_size=4, train_steps=60,
+                         lr=5e-3, log_every=10, save_every=30)
     out = loop.train_backbone(config)
-    history = [json.loads(line) for line in (out / loop.LOG_FILE).read_text().splitlines()]
+    history = [json.loads(line) for line in (out / run.LOG_FILE).read_text().splitlines()]
     losses = [r["loss"] for r in history]
     assert [r["step"] for r in history] == [10, 20, 30, 40, 50, 60]
     assert (losses[-1] + losses[-2]) / 2 < 0.65 * losses[0], losses  # about 5.0 -> 2.7
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 loop.STATE_FILE, loop.CONFIG_FILE, loop.CURVE_FILE):
+                 run.STATE_FILE, run.CONFIG_FILE, run.CURVE_FILE):
         assert (out / name).is_file(), name
-    state = torch.load(out / loop.STATE_FILE, weights_only=True)
+    state = torch.load(out / run.STATE_FILE, weights_only=True)
     assert state["progress"]["step"] == 60
     tokenizer = load_tokenizer(out)
     problems = ["What is 2 + 3?", "A jar holds 7 coins.\nHow many?"]
@@ -254,15 +254,30 @@ def test_resume_gives_identical_weights(tmp_path, monkeypatch):
     assert expected.keys() == actual.keys()
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
-    logs = [[json.loads(line) for line in (out / loop.LOG_FILE).read_text().splitlines()]
+    logs = [[json.loads(line) for line in (out / run.LOG_FILE).read_text().splitlines()]
             for out in (straight, resumed)]
     assert [(r["step"], r["loss"]) for r in logs[0]] == [(r["step"], r["loss"]) for r in logs[1]]
 
 
 def test_resume_guards(tmp_path):
-    config = tiny_config(tmp_path / "run", steps=2)
+    config = tiny_config(tmp_path / "run", train_steps=2)
     loop.train_backbone(config)
     with pytest.raises(ValueError, match="--resume"):
         loop.train_backbone(config)
     with pytest.raises(ValueError, match="lr"):
         loop.train_backbone(dataclasses.replace(config, resume=True, lr=1e-2))
+
+
+def test_resume_reads_runs_saved_before_the_renames():
+    """A run saved with `steps` and `init_from` resumes under train_steps and model; a real
+    change to a renamed field still fails."""
+    config = TrainConfig(out="x", preset="tiny", model="source", train_steps=5)
+    saved = dataclasses.asdict(config)
+    saved["steps"], saved["init_from"] = saved.pop("train_steps"), saved.pop("model")
+    run.check_resumable(saved, config, renamed=loop.RENAMED_FIELDS)
+    with pytest.raises(ValueError, match="train_steps: 5 -> 6"):
+        run.check_resumable(saved, dataclasses.replace(config, train_steps=6),
+                            renamed=loop.RENAMED_FIELDS)
+    with pytest.raises(ValueError, match="model: 'source' -> 'other'"):
+        run.check_resumable(saved, dataclasses.replace(config, model="other"),
+                            renamed=loop.RENAMED_FIELDS)

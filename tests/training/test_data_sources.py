@@ -205,7 +205,7 @@ def test_train_backbone_on_chat_files(tmp_path, capsys):
     second = write_jsonl(tmp_path / "b.json.d" / "b.jsonl", chat_rows(10, "test"))
     code, out, err = run_cli(capsys, "train", "backbone", "--preset", "tiny", "--out",
                              str(tmp_path / "run"), "--data", f"{first},{second}@2",
-                             "--steps", "2", "--batch-size", "2", "--seq-len", "128",
+                             "--train-steps", "2", "--batch-size", "2", "--seq-len", "128",
                              "--vocab-size", "300")
     assert code == 0, err
     assert (tmp_path / "run" / "model.safetensors").is_file()
@@ -219,12 +219,12 @@ def test_a_run_saved_before_the_data_fields_resumes():
     import dataclasses
 
     from mrp_dlm.config import HeadTrainConfig
-    from mrp_dlm.training import head_loop, loop
+    from mrp_dlm.training import head_loop, run
 
     config = HeadTrainConfig(out="run")
     saved = {k: v for k, v in dataclasses.asdict(config).items()
              if k not in ("data", "eval_data", "held_out_frac", "skip_bad_rows")}
-    loop.check_resumable(saved, config, head_loop.RESUME_FREE_FIELDS)
+    run.check_resumable(saved, config, head_loop.RESUME_FREE_FIELDS)
     with pytest.raises(ValueError, match="held_out_frac"):
-        loop.check_resumable(saved, dataclasses.replace(config, held_out_frac=0.5),
-                             head_loop.RESUME_FREE_FIELDS)
+        run.check_resumable(saved, dataclasses.replace(config, held_out_frac=0.5),
+                            head_loop.RESUME_FREE_FIELDS)

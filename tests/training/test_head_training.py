@@ -320,8 +320,8 @@ def model_dir(tmp_path_factory) -> Path:
 
 def run_config(model: Path, out: Path, **changes) -> HeadTrainConfig:
     base = HeadTrainConfig(model=str(model), out=str(out), head_layers=1, tasks="arith",
-                           train_examples=40, eval_examples=6, seq_len=256, batch_size=4, steps=6,
-                           lr=3e-3, log_every=2, eval_every=3, save_every=100)
+                           train_examples=40, eval_examples=6, seq_len=256, batch_size=4,
+                           train_steps=6, lr=3e-3, log_every=2, eval_every=3, save_every=100)
     return dataclasses.replace(base, **changes)
 
 
@@ -351,8 +351,8 @@ def test_training_run_writes_head_logs_and_metrics(model_dir, tmp_path):
 
 
 def test_init_from_starts_from_a_saved_head(model_dir, tmp_path):
-    source = head_loop.train_head(run_config(model_dir, tmp_path / "source", steps=2))
-    config = run_config(model_dir, tmp_path / "tuned", init_from=str(source), steps=2,
+    source = head_loop.train_head(run_config(model_dir, tmp_path / "source", train_steps=2))
+    config = run_config(model_dir, tmp_path / "tuned", init_from=str(source), train_steps=2,
                         reveal_rule="dynamic", commit_weight=1.0, burn_in_max=3)
     backbone = head_loop.load_frozen_backbone(config, torch.float32, "cpu")
     expected = load_file(str(source / "model.safetensors"))
@@ -385,7 +385,7 @@ def test_resume_gives_identical_weights(model_dir, tmp_path, monkeypatch, caplog
     monkeypatch.setattr(head_loop, "train_step", real_step)
     caplog.set_level(logging.INFO, logger="mrp_dlm.training")
     resumed = head_loop.train_head(dataclasses.replace(interrupted, resume=True, eval_every=2))
-    assert f"resuming from step 4 of {interrupted.steps}" in caplog.text
+    assert f"resuming from step 4 of {interrupted.train_steps}" in caplog.text
     expected, actual = (load_file(str(out / "model.safetensors")) for out in (straight, resumed))
     assert expected.keys() == actual.keys()
     for name in expected:
@@ -417,7 +417,7 @@ def test_two_process_ddp_matches_one_process(model_dir, tmp_path):
     Tolerance: logged losses rel 1e-5, weights abs 1e-5 after 3 AdamW steps at lr 3e-3 (the
     two runs differ only in float summation order: padding width and gradient all-reduce).
     """
-    one, two = one_and_two_processes(run_config(model_dir, tmp_path / "one", steps=3,
+    one, two = one_and_two_processes(run_config(model_dir, tmp_path / "one", train_steps=3,
                                                 log_every=1, eval_every=3, lookahead=2))
     assert one["positions"] == two["positions"]
     assert two["kl_residual"] == pytest.approx(one["kl_residual"], rel=1e-4)
@@ -488,7 +488,7 @@ def test_resume_from_files_gives_identical_weights(model_dir, tmp_path, monkeypa
 def test_two_process_ddp_on_files_matches_one_process(model_dir, tmp_path):
     """As the test above it, on --data files and with the acceptance metric split over ranks."""
     one, two = one_and_two_processes(run_config(
-        model_dir, tmp_path / "one", steps=2, log_every=1, eval_every=2,
+        model_dir, tmp_path / "one", train_steps=2, log_every=1, eval_every=2,
         data=chat_files(tmp_path / "data"), held_out_frac=0.1, eval_prompts=3,
         eval_new_tokens=8))
     for key in ("accepted_per_round", "rounds", "prompts"):  # tokens per forward counts the
@@ -515,7 +515,7 @@ def test_bad_inputs_give_clear_errors(model_dir, tmp_path):
     save_backbone(load_backbone(model_dir), no_tokenizer)
     with pytest.raises(ValueError, match="no tokenizer"):
         head_loop.train_head(run_config(no_tokenizer, tmp_path / "c"))
-    config = run_config(model_dir, tmp_path / "d", steps=1)
+    config = run_config(model_dir, tmp_path / "d", train_steps=1)
     head_loop.train_head(config)
     with pytest.raises(ValueError, match="--resume"):
         head_loop.train_head(config)
@@ -534,7 +534,7 @@ def test_cli_train_head(model_dir, tmp_path, capsys):
     out = tmp_path / "cli"
     code = cli.main(["train", "head", "--model", str(model_dir), "--out", str(out),
                      "--tasks", "arith", "--train-examples", "40", "--eval-examples", "4",
-                     "--seq-len", "128", "--batch-size", "4", "--steps", "2",
+                     "--seq-len", "128", "--batch-size", "4", "--train-steps", "2",
                      "--head-layers", "1", "--lookahead", "2", "--reveal-rule", "random",
                      "--reveal-max", "2", "--grad-checkpointing", "--bf16"])
     assert code == 0

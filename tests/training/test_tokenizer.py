@@ -3,7 +3,7 @@
 import pytest
 import tokenizers
 
-from mrp_dlm.eval.tasks.registry import EMBEDDED_TASKS, get_task
+from mrp_dlm.tasks.registry import EMBEDDED_TASKS, get_task
 from mrp_dlm.training.tokenizer import (CHAT_TEMPLATE, MAX_VOCAB_SIZE, SPECIAL_TOKENS,
                                         save_tokenizer, train_tokenizer)
 

@@ -8,7 +8,7 @@ an update of the running count is a plain or an augmented assignment, a coin per
 (`arith_problems.line_styles`). A completion is correct when `solve()`, run in the
 sandbox, returns exactly the answer (an int, not 9.0).
 
-Deliberately not here: sandboxing itself (see `eval/sandbox.py`) and the problem generator
+Deliberately not here: sandboxing itself (see `sandbox.py`) and the problem generator
 (see `arith_problems.py`).
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mrp_dlm.eval.sandbox import SandboxLimits, SandboxResult, run_many, run_python
-from mrp_dlm.eval.tasks.code import extract_code
-from mrp_dlm.eval.tasks.arith_problems import Step, WordProblem, line_styles, make_word_problem
-from mrp_dlm.eval.tasks.common import Example, Task
+from mrp_dlm.tasks.arith_problems import Step, WordProblem, line_styles, make_word_problem
+from mrp_dlm.tasks.code import extract_code
+from mrp_dlm.tasks.common import Example, Task
+from mrp_dlm.tasks.sandbox import SandboxLimits, SandboxResult, run_many, run_python
 
 CODE_INSTRUCTION = "Write a Python function solve() that returns the answer."
 CALL = "solve()"

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from mrp_dlm.eval.tasks.answers import (BOXED_INSTRUCTION, first_number, last_boxed,
+from mrp_dlm.tasks.answers import (BOXED_INSTRUCTION, first_number, last_boxed,
                                         last_number, normalise_answer, parse_number)
-from mrp_dlm.eval.tasks.common import Example, FileTask, record_key, text_field
+from mrp_dlm.tasks.common import Example, FileTask, record_key, text_field
 
 FINAL_MARKER = "####"
 

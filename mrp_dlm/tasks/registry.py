@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mrp_dlm.eval.tasks.arith import ArithTask
-from mrp_dlm.eval.tasks.arith_code import ArithCodeTask
-from mrp_dlm.eval.tasks.common import FileTask, Task
-from mrp_dlm.eval.tasks.gsm8k import GSM8KTask
-from mrp_dlm.eval.tasks.humaneval import HumanEvalTask
-from mrp_dlm.eval.tasks.math500 import Math500Task
-from mrp_dlm.eval.tasks.mbpp import MBPPTask
+from mrp_dlm.tasks.arith import ArithTask
+from mrp_dlm.tasks.arith_code import ArithCodeTask
+from mrp_dlm.tasks.common import FileTask, Task
+from mrp_dlm.tasks.gsm8k import GSM8KTask
+from mrp_dlm.tasks.humaneval import HumanEvalTask
+from mrp_dlm.tasks.math500 import Math500Task
+from mrp_dlm.tasks.mbpp import MBPPTask
 
 EMBEDDED_TASKS = ("arith", "arith-code")  # generated tasks the embedded model is trained on
 TASK_CLASSES: dict[str, type[Task]] = {  # task name -> class; the names `--task` takes

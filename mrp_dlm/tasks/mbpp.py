@@ -11,8 +11,8 @@ Deliberately not here: few-shot prompts, and reading the file (`common.FileTask`
 
 from __future__ import annotations
 
-from mrp_dlm.eval.tasks.code import CodeTask, extract_code
-from mrp_dlm.eval.tasks.common import Example, text_field
+from mrp_dlm.tasks.code import CodeTask, extract_code
+from mrp_dlm.tasks.common import Example, text_field
 
 CODE_REQUEST = "Write the Python code in a ```python code block."
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from mrp_dlm.eval.sandbox import Outcome, SandboxLimits, run_many, run_python
+from mrp_dlm.tasks.sandbox import Outcome, SandboxLimits, run_many, run_python
 
 FAST = SandboxLimits(timeout_s=1.0)
 

@@ -2,7 +2,7 @@
 
 A `CodeTask` builds one test program per completion (the task decides how: a function stub,
 the extracted code, setup code and asserts) and grades it correct when that program runs to
-the end in the sandbox (`eval/sandbox.py`) without an exception, within the time and memory
+the end in the sandbox (`sandbox.py`) without an exception, within the time and memory
 limits. Programs of a batch run in parallel sandboxes.
 
 Deliberately not here: the sandbox itself, and any in-process `exec` of model code (the
@@ -16,8 +16,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from mrp_dlm.eval.sandbox import SandboxLimits, run_many
-from mrp_dlm.eval.tasks.common import Example, FileTask, check_pairs
+from mrp_dlm.tasks.common import Example, FileTask, check_pairs
+from mrp_dlm.tasks.sandbox import SandboxLimits, run_many
 
 # Real benchmark tests run in well under a second; the slack absorbs a busy machine.
 CODE_LIMITS = SandboxLimits(timeout_s=10.0, memory_mb=512)

@@ -5,11 +5,11 @@ import re
 
 import pytest
 
-from mrp_dlm.eval.tasks import arith_problems
-from mrp_dlm.eval.tasks.arith import ArithTask, extract_answer
-from mrp_dlm.eval.tasks.arith_code import ArithCodeTask, extract_code
-from mrp_dlm.eval.tasks.common import TEST_SIZE, Example
-from mrp_dlm.eval.tasks.registry import EMBEDDED_TASKS, get_task
+from mrp_dlm.tasks import arith_problems
+from mrp_dlm.tasks.arith import ArithTask, extract_answer
+from mrp_dlm.tasks.arith_code import ArithCodeTask, extract_code
+from mrp_dlm.tasks.common import TEST_SIZE, Example
+from mrp_dlm.tasks.registry import EMBEDDED_TASKS, get_task
 
 TRAIN_COUNT = 3000
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from mrp_dlm.eval.sandbox import SandboxLimits
-from mrp_dlm.eval.tasks import answers
-from mrp_dlm.eval.tasks.code import extract_code
-from mrp_dlm.eval.tasks.common import DataFileError, Example, FileTask
-from mrp_dlm.eval.tasks.gsm8k import extract_number
-from mrp_dlm.eval.tasks.mbpp import MBPPTask
-from mrp_dlm.eval.tasks.registry import EMBEDDED_TASKS, TASK_NAMES, get_task
+from mrp_dlm.tasks import answers
+from mrp_dlm.tasks.code import extract_code
+from mrp_dlm.tasks.common import DataFileError, Example, FileTask
+from mrp_dlm.tasks.gsm8k import extract_number
+from mrp_dlm.tasks.mbpp import MBPPTask
+from mrp_dlm.tasks.registry import EMBEDDED_TASKS, TASK_NAMES, get_task
+from mrp_dlm.tasks.sandbox import SandboxLimits
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FILE_TASKS = ("gsm8k", "math500", "mbpp", "humaneval")

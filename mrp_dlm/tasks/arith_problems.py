@@ -6,7 +6,8 @@
 Every intermediate result is a non-negative integer below `RESULT_LIMIT`; numbers are
 written as plain digits, and no number occurs twice in one story (a repeated number made
 the embedded model mix up which clause it belongs to, so its sign; see docs/experiments.md,
-session 5). The difficulty knobs are the module constants below.
+2026-11-30, where the `arith` failures come from). The difficulty knobs are the module
+constants below.
 
 Deliberately not here: grading, prompts and splits (see `arith.py`, `arith_code.py`,
 `common.py`). Only `random.Random(seed)` is used: never the global RNG, never `hash()`.

@@ -12,8 +12,8 @@ normalisation rules (`answers.py`), and symbolic equivalence.
 
 from __future__ import annotations
 
-from mrp_dlm.eval.tasks.answers import BOXED_INSTRUCTION, answers_match, last_boxed
-from mrp_dlm.eval.tasks.common import Example, FileTask, record_key, text_field
+from mrp_dlm.tasks.answers import BOXED_INSTRUCTION, answers_match, last_boxed
+from mrp_dlm.tasks.common import Example, FileTask, record_key, text_field
 
 
 class Math500Task(FileTask):
