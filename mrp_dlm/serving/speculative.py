@@ -18,10 +18,11 @@ exactly that state (so the clean KV sits in the block's real slots; the head's k
 the block are written then from that row's hidden states, one head forward for all
 requests done in the call, see `head_pool.py`); a clean block whose own row held another
 state is stored by one more single-row forward.
-The host reads the round once (next ids, done, pending drafts, acceptance: one `tolist`
-that SGLang's answer needs anyway), then records it: the planner per drafting plan, the
-serving stats per request, from that copy. Besides it: which requests draft (when the
-plan drafts) and the drafting chain's stop check, one per draft as in the library decoder.
+The host reads the round twice: the verdicts (per request: masks left, accepted; the
+planner, per drafting plan, and the serving stats, per request, are recorded from that
+copy before the plan is made, and it says which requests draft), then the next ids, done
+and pending drafts (SGLang's answer needs them as lists anyway). Besides those, the
+drafting chain's stop check, one per draft as in the library decoder.
 
 With `adaptive` (the YAML's, default on) the chain drafts only what pays, each later draft
 a head draft or a self-draft (the rule's step on the seed logits, no head step), as
@@ -165,14 +166,17 @@ class MrpSpeculative(MrpAlgorithm):
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
+        verdicts = torch.cat([settled.eligible.any(dim=1)[:, None], settled.accepted[:, None],
+                              chains.valid], dim=1).long().tolist()  # host read 1: the verdicts
+        self.record(rounds, verdicts)  # before the plan, which reads the acceptance
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
-                                 self.planner.plan(bucket), timer)
+                                 self.planner.plan(bucket), timer,
+                                 [i for i, row in enumerate(verdicts) if row[0]])
         ids = drafted.last.reshape(-1).to(forward_batch.input_ids.dtype)  # (B*L,)
         forward_batch.input_ids.copy_(ids)
-        read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None],
-                          settled.accepted[:, None], chains.valid], dim=1).long().tolist()
+        read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None]],
+                         dim=1).long().tolist()  # host read 2: SGLang's answer
         done = [bool(row[L]) for row in read]
-        self.record(rounds, read, L)
         for i, state in enumerate(states):
             state.accepted = drafted.first[i]  # the backbone's own step: exact
             state.drafts = drafted.of(i) if read[i][L + 1] else None
@@ -241,18 +245,18 @@ class MrpSpeculative(MrpAlgorithm):
         return Settled(accepted, block, seed, eligible, ~eligible.any(dim=1) & own_clean)
 
     def draft_all(self, model_runner, forward_batch, settled: Settled, positions: torch.Tensor,
-                  sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer) -> "Drafted":
+                  sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer,
+                  requests: list[int]) -> "Drafted":
         """Draft 1 (the backbone's own step on the seed, accepted at once: even a request
         that never gets scratch rows advances one step per forward) and the plan's later
-        drafts, in one batched chain over the requests with masks left (read on the host:
-        a done block or a store must not cost head steps)."""
+        drafts, in one batched chain over `requests`, those with masks left (a done block
+        or a store costs no head steps)."""
         B = settled.block.shape[0]
         none = torch.zeros(B, dtype=torch.bool, device=settled.block.device)  # (B,)
         if not plan:  # the rule's own step, as LowConfidence takes it
             first = rule_steps(settled.seed.logits, settled.block, settled.eligible,
                                self.mask_id, positions, self.threshold, sampling)  # (B, L)
             return Drafted(first, first, none)
-        requests = [i for i, open_ in enumerate(settled.eligible.any(dim=1).tolist()) if open_]
         if not requests:
             return Drafted(settled.block, settled.block, none)
         timer.start()
@@ -270,18 +274,18 @@ class MrpSpeculative(MrpAlgorithm):
         return Drafted(first, settled.block.index_copy(0, index, drafts.states[:, -1]),
                        none.index_copy(0, index, drafts.valid[:, 1]), drafts, tuple(requests))
 
-    def record(self, rounds: list[Round], read: list[list[int]], L: int) -> None:
-        """The verify rounds' verdicts, from the host copy `read` (per request: next ids,
-        done, pending, accepted, chain validity): the planner, per drafting plan, and the
-        serving stats, per request."""
+    def record(self, rounds: list[Round], verdicts: list[list[int]]) -> None:
+        """The verify rounds' verdicts, from the host copy `verdicts` (per request: masks
+        left, accepted, chain validity): the planner, per drafting plan, and the serving
+        stats, per request."""
         by_sources: dict[tuple[str, ...], list[int]] = {}
         for i, round_ in enumerate(rounds):
             if round_.sources:
                 by_sources.setdefault(round_.sources, []).append(i)
         for sources, requests in by_sources.items():
             m = len(sources) + 1
-            accepted = [read[i][L + 2] for i in requests]  # (R,)
-            valid = [read[i][L + 3:L + 3 + m] for i in requests]  # (R, m)
+            accepted = [verdicts[i][1] for i in requests]  # (R,)
+            valid = [verdicts[i][2:2 + m] for i in requests]  # (R, m)
             record_round(self.planner, sources, torch.tensor(accepted),
                          torch.tensor(valid, dtype=torch.bool))  # host tensors: no device read
             for n, row in zip(accepted, valid):
