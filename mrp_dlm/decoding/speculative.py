@@ -56,9 +56,10 @@ from mrp_dlm.decoding.candidates import Alternatives, Rescue
 from mrp_dlm.decoding.drafting import HEAD, SELF, DraftPlanner, Timer
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.head_cache import HeadSteps
+from mrp_dlm.decoding.round import count_accepted, record_round, rule_steps
 from mrp_dlm.decoding.sampling import (GREEDY, Proposal, SamplingConfig, draw_index, propose,
                                        repeat_rows)
-from mrp_dlm.decoding.selection import select_dynamic, threshold_pick
+from mrp_dlm.decoding.selection import select_dynamic
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
@@ -149,10 +150,9 @@ def backbone_steps(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor,
     states = drafts.states[:, :-1].reshape(B * K, L)  # S_1 .. S_K as rows
     rows_logits = logits[:, :K].reshape(B * K, L, -1)  # (B*K, L, V)
     eligible = (states == mask_token_id) & ~frozen.repeat_interleave(K, dim=0)  # (B*K, L)
-    commit, tokens = threshold_pick(rows_logits, states, eligible, mask_token_id,
-                                    positions.repeat_interleave(K, dim=0), threshold,
-                                    repeat_rows(sampling, K))
-    return torch.where(commit, tokens, states).view(B, K, L)  # its S_{j+1}
+    return rule_steps(rows_logits, states, eligible, mask_token_id,
+                      positions.repeat_interleave(K, dim=0), threshold,
+                      repeat_rows(sampling, K)).view(B, K, L)  # its S_{j+1}
 
 
 def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_token_id: int,
@@ -162,16 +162,9 @@ def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_toke
     (arguments as `backbone_steps`)."""
     if drafts.states.shape[1] == 1:
         return drafts.valid[:, 0].long()
-    return count_accepted(drafts, backbone_steps(drafts, logits, frozen, mask_token_id,
-                                                 positions, threshold, sampling))
-
-
-def count_accepted(drafts: Drafts, steps: torch.Tensor) -> torch.Tensor:
-    """Drafts accepted per row (B,), m > 1. steps: (B, m - 1, L) the backbone's own step on
-    S_1 .. S_{m-1}; draft j + 1 stands while the backbone's own step on S_j reveals the same
-    positions with the same tokens."""
-    agree = (steps == drafts.states[:, 1:]).all(dim=2) & drafts.valid[:, 1:]  # (B, K)
-    return drafts.valid[:, 0].long() * (1 + agree.long().cumprod(dim=1).sum(dim=1))
+    return count_accepted(drafts.states, drafts.valid,
+                          backbone_steps(drafts, logits, frozen, mask_token_id, positions,
+                                         threshold, sampling))
 
 
 def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
@@ -227,10 +220,9 @@ class SpeculativeDecoder:
         probe = self.planner.probe(B)
         plan = self.planner.plan(B)
         if not plan and probe is None:  # the rule's own step, as the rule runs it (no host
-            commit, tokens = threshold_pick(  # check: the driver denoises the result next)
+            return Advance(rule_steps(  # check: the driver denoises the result next)
                 step.base.logits, rows.tokens, rows.eligible, context.schedule.mask_token_id,
-                rows.positions, threshold, self.sampling)  # (B, L)
-            return Advance(torch.where(commit, tokens, rows.tokens))
+                rows.positions, threshold, self.sampling))  # (B, L)
         size = candidates.fitting(self.planner.set_size(B, plan), len(plan),
                                   (context.width - context.start) // L)
         copies = len(plan) + 1 + len(plan) * (size - 1)  # the verify's, unless drafting stops
@@ -255,12 +247,12 @@ class SpeculativeDecoder:
             self.planner.learn(B)
         elif size > 1 and timer.enabled:  # a set's own cost, for the next set sizes
             self.planner.add_set_round(B, verdict.copies, timer.stop())
-        later = (verdict.accepted - 1).clamp_min(0)  # (B,) drafts after the first accepted
         if m > 1:
+            later = record_round(self.planner, drafts.sources, verdict.accepted,
+                                 drafts.valid)  # (B,) drafts after the first accepted
             context.counters.add_rounds(later + verdict.rescued, drafts.valid[:, 1])
             context.counters.add_drafts(drafts.sources, later, drafts.valid[:, 1:])
             context.counters.add_rescued(verdict.rescued)
-            self.planner.record(drafts.sources, later, drafts.valid[:, 1:])
             if verdict.rescue is not None:
                 self.planner.record_spares(drafts.sources, verdict.rescue)
         return verdict.advance
@@ -282,7 +274,7 @@ class SpeculativeDecoder:
             steps = backbone_steps(drafts, check.logits.view(B, states.shape[1], L, -1),
                                    frozen, context.schedule.mask_token_id, step.rows.positions,
                                    self.config.threshold, self.sampling)  # (B, M-1, L)
-            accepted = count_accepted(drafts, steps)  # (B,)
+            accepted = count_accepted(drafts.states, drafts.valid, steps)  # (B,)
             if found is not None:
                 rescue = candidates.check(found, steps, accepted, drafts.valid[:, 1:])
         advance = take_accepted(drafts, check, accepted, step.rows.tokens, step.base)

@@ -2,20 +2,27 @@
 
 Each `run()` does one forward in which every request has one or more rows:
 - a request with drafts pending verifies them all: its candidates S_1 .. S_M (M = K + 1)
-  as extra rows plus its own row carrying S_M (see `verify_batch.py`); it accepts n >= 1
-  drafts (`decoding.speculative.accept`), and the verify slice of S_n is the next seed;
+  as extra rows plus its own row carrying S_M (see `verify_batch.py`);
 - any other request (a fresh block, a finished block to store, or one whose scratch rows
-  or slots ran short: the one-row static fallback) forwards its accepted state alone,
-  which gives the seed.
-Then, per request: the block is done when its accepted state has no masks left AND its
-own row forwarded exactly that state (so the clean KV sits in the block's real slots; the
-head's keys of the block are written then from that row's hidden states, one head forward
-for all requests done in the call, see `head_pool.py`); a clean block whose own row held
-another state is stored by one more single-row forward;
-otherwise the head drafts S_1 .. S_m from the seed (m <= M: drafting stops once no
-request has a mask left), S_1 (the backbone's own threshold step) is accepted at once, and
-the own row carries S_m next round. So a request without
-scratch rows still advances one exact threshold step per forward.
+  or slots ran short: the one-row static fallback) forwards its accepted state alone.
+Then the round runs batched over all requests, on the device, in the library's phases
+(`decoding/round.py`): accept and seed (the rule's step on every row, one
+`count_accepted` over the requests' chains padded to the longest; request b accepts
+n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft (one
+chain for the requests with masks left, read on the host so that done blocks cost no head
+steps: S_1, the backbone's own threshold step, is accepted at once, and the own row
+carries S_m next round, m <= M: drafting stops once no request has a mask left). So a
+request without scratch rows still advances one exact threshold step per forward.
+A block is done when its accepted state has no masks left AND its own row forwarded
+exactly that state (so the clean KV sits in the block's real slots; the head's keys of
+the block are written then from that row's hidden states, one head forward for all
+requests done in the call, see `head_pool.py`); a clean block whose own row held another
+state is stored by one more single-row forward.
+The host reads the round twice: the verdicts (per request: masks left, accepted; the
+planner, per drafting plan, and the serving stats, per request, are recorded from that
+copy before the plan is made, and it says which requests draft), then the next ids, done
+and pending drafts (SGLang's answer needs them as lists anyway). Besides those, the
+drafting chain's stop check, one per draft as in the library decoder.
 
 With `adaptive` (the YAML's, default on) the chain drafts only what pays, each later draft
 a head draft or a self-draft (the rule's step on the seed logits, no head step), as
@@ -32,7 +39,8 @@ forward). Every committed state is the backbone's own step on the state before i
 output equals `LowConfidence` at that threshold, token for token.
 
 Deliberately not here: the pure draft/accept phases (shared with the library decoder, see
-`decoding/speculative.py`) and SGLang batch surgery (see `verify_batch.py`).
+`decoding/speculative.py` and `decoding/round.py`) and SGLang batch surgery (see
+`verify_batch.py`).
 
 Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidates.
 """
@@ -40,16 +48,16 @@ Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 from mrp_dlm.decoding.drafting import HEAD, SELF, CostProbe, DraftPlanner, Timer
+from mrp_dlm.decoding.round import count_accepted, record_round, rule_steps
 from mrp_dlm.decoding.sampling import SamplingConfig, select_rows
-from mrp_dlm.decoding.speculative import Drafts, accept, draft
+from mrp_dlm.decoding.speculative import Drafts, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
-from mrp_dlm.serving.head_pool import HeadContext
 from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.stats import stats_of
 from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
@@ -69,7 +77,61 @@ class Round:
     """One request's rows in this round's forward."""
 
     states: torch.Tensor  # (m, L) the rows' block states, the own row last
-    verifying: bool  # the rows are the pending drafts (else: the accepted state alone)
+    valid: torch.Tensor  # (m,) bool, the candidate revealed a position (S_1: accepted)
+    sources: tuple[str, ...] = ()  # m - 1 entries when verifying: the later drafts' sources
+
+
+@dataclass(frozen=True)
+class Chains:
+    """Every request's rows of this call's forward as candidate chains padded to the
+    longest (see `decoding/round.py`): padding repeats a request's own row, invalid."""
+
+    rows: torch.Tensor  # (N, L) the forward's rows, each request's own row last
+    index: torch.Tensor  # (B, M) int64, the row of each candidate; [:, -1]: the own row
+    valid: torch.Tensor  # (B, M) bool, a candidate that may be accepted (S_1 always)
+    owner: torch.Tensor  # (N,) int64, the request of each row
+
+    @classmethod
+    def of(cls, rounds: list[Round]) -> "Chains":
+        rows = torch.cat([r.states for r in rounds])  # (N, L)
+        device = rows.device
+        sizes = [r.states.shape[0] for r in rounds]
+        counts, depth = torch.tensor(sizes), torch.arange(max(sizes))  # (B,), (M,)
+        starts = counts.cumsum(0) - counts  # (B,)
+        index = (starts[:, None] + torch.minimum(depth[None], counts[:, None] - 1)).to(device)
+        valid = torch.cat([r.valid for r in rounds])[index]  # (B, M)
+        valid = valid & (depth[None] < counts[:, None]).to(device)  # (B, M)
+        valid[:, 0] = True  # S_1 is the accepted state: the rule's own step
+        owner = torch.repeat_interleave(torch.arange(len(rounds)), counts).to(device)  # (N,)
+        return cls(rows, index, valid, owner)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Every request after this call's acceptance, on the device (no host read)."""
+
+    accepted: torch.Tensor  # (B,) int64 candidates accepted, n >= 1
+    block: torch.Tensor  # (B, L) the accepted state S_n
+    seed: BackboneStep  # (B, L, H) / (B, L, V) the forward's row of S_n
+    eligible: torch.Tensor  # (B, L) bool, masked positions of S_n
+    done: torch.Tensor  # (B,) bool, S_n has no masks and the own row forwarded it
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """This call's drafting, for every request (the drafts of those that drafted)."""
+
+    first: torch.Tensor  # (B, L) S_1, the backbone's own step on the seed (accepted)
+    last: torch.Tensor  # (B, L) what the own row carries next: S_m (S_1 without drafts)
+    pending: torch.Tensor  # (B,) bool, S_1 left masks: drafts to verify next round
+    drafts: Optional[Drafts] = None  # (R, m, L), m > 1, of `requests`
+    requests: tuple[int, ...] = ()  # R requests that drafted, in the order of drafts' rows
+
+    def of(self, request: int) -> Drafts:
+        """One request's pending drafts (1, m, L)."""
+        row = self.requests.index(request)
+        return Drafts(self.drafts.states[row:row + 1], self.drafts.valid[row:row + 1],
+                      self.drafts.finished, self.drafts.sources)
 
 
 class MrpSpeculative(MrpAlgorithm):
@@ -91,9 +153,10 @@ class MrpSpeculative(MrpAlgorithm):
         scratch = Scratch(model_runner)
         try:
             rounds = self.plan_rounds(scratch, forward_batch, states)
+            chains = Chains.of(rounds)
             timer.start()
             out, logits, hidden = self.forward_rounds(model_runner, forward_batch, scratch,
-                                                      rounds)
+                                                      chains.rows)
             seconds = timer.stop()
         finally:
             scratch.release()
@@ -101,16 +164,25 @@ class MrpSpeculative(MrpAlgorithm):
             self.sample(probe, bucket, rounds, seconds)
         positions = forward_batch.positions.view(B, L).long()  # (B, L)
         sampling = batch_sampling(forward_batch, positions.device)
-        seeds = self.settle(states, rounds, logits, hidden, positions, sampling)
-        done = self.finish_or_draft(model_runner, forward_batch, states, rounds, seeds,
-                                    sampling, self.planner.plan(bucket), timer)
-        self.store_done(model_runner, forward_batch, states, rounds, hidden, done)
-        next_ids = [state.accepted if d or state.drafts is None else state.drafts.states[0, -1]
-                    for state, d in zip(states, done)]
-        forward_batch.input_ids.copy_(torch.stack(next_ids).view(-1))
-        return (out.logits_output, [row.tolist() for row in next_ids],
-                [L if d else 0 for d in done], [None if d else s for s, d in zip(states, done)],
-                out.can_run_graph)
+        prompt = torch.stack([s.prompt for s in states])  # (B, L)
+        settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
+        verdicts = torch.cat([settled.eligible.any(dim=1)[:, None], settled.accepted[:, None],
+                              chains.valid], dim=1).long().tolist()  # host read 1: the verdicts
+        self.record(rounds, verdicts)  # before the plan, which reads the acceptance
+        drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
+                                 self.planner.plan(bucket), timer,
+                                 [i for i, row in enumerate(verdicts) if row[0]])
+        ids = drafted.last.reshape(-1).to(forward_batch.input_ids.dtype)  # (B*L,)
+        forward_batch.input_ids.copy_(ids)
+        read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None]],
+                         dim=1).long().tolist()  # host read 2: SGLang's answer
+        done = [bool(row[L]) for row in read]
+        for i, state in enumerate(states):
+            state.accepted = drafted.first[i]  # the backbone's own step: exact
+            state.drafts = drafted.of(i) if read[i][L + 1] else None
+        self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]], done)
+        return (out.logits_output, [row[:L] for row in read], [L if d else 0 for d in done],
+                [None if d else s for s, d in zip(states, done)], out.can_run_graph)
 
     def carried_states(self, forward_batch, algo_states) -> list[BlockState]:
         B, L = forward_batch.batch_size, self.block_size
@@ -128,114 +200,106 @@ class MrpSpeculative(MrpAlgorithm):
             extra = 0 if state.drafts is None else state.drafts.states.shape[1] - 1
             if state.drafts is not None and (extra == 0 or reserve(
                     scratch, forward_batch, index, extra, self.block_size)):
-                rounds.append(Round(state.drafts.states[0], verifying=True))
+                rounds.append(Round(state.drafts.states[0], state.drafts.valid[0],
+                                    state.drafts.sources))
             else:
                 state.drafts = None  # the fallback: one exact step from the accepted state
-                rounds.append(Round(state.accepted[None], verifying=False))
+                rounds.append(Round(state.accepted[None], torch.ones(
+                    1, dtype=torch.bool, device=state.accepted.device)))
         return rounds
 
     def forward_rounds(self, model_runner, forward_batch, scratch: Scratch,
-                       rounds: list[Round]):
-        """The one forward of this call: (output, logits (N, L, V), hidden (N, L, H))."""
+                       rows_ids: torch.Tensor):
+        """The one forward of this call over rows_ids (N, L): (output, logits (N, L, V),
+        hidden (N, L, H))."""
         L = self.block_size
-        if not scratch.reservations:
-            own = torch.stack([r.states[-1] for r in rounds])  # (B, L)
-            forward_batch.input_ids.copy_(own.view(-1).to(forward_batch.input_ids.dtype))
+        if not scratch.reservations:  # one row per request: SGLang's own batch
+            forward_batch.input_ids.copy_(rows_ids.view(-1).to(forward_batch.input_ids.dtype))
             return run_rows(model_runner, forward_batch, L)
-        rows_ids = torch.cat([r.states for r in rounds])  # (N, L)
         rows, _ = build_rows_batch(model_runner, forward_batch, scratch.reservations,
                                    rows_ids, L)
         return run_rows(model_runner, rows, L)
 
-    def settle(self, states: list[BlockState], rounds: list[Round], logits: torch.Tensor,
+    def settle(self, chains: Chains, prompt: torch.Tensor, logits: torch.Tensor,
                hidden: torch.Tensor, positions: torch.Tensor, sampling: SamplingConfig
-               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Accept drafts per request; return each request's seed (logits (L, V), hidden (L, H))."""
-        seeds, row = [], 0
-        for index, (state, round_) in enumerate(zip(states, rounds)):
-            m = round_.states.shape[0]
-            if round_.verifying:
-                n = int(accept(state.drafts, logits[None, row:row + m], state.prompt[None],
-                               self.mask_id, positions[index:index + 1], self.threshold,
-                               select_rows(sampling, [index]))[0])
-                if m > 1:
-                    later = state.drafts.valid[:, 1:]  # (1, m - 1)
-                    self.planner.record(state.drafts.sources, torch.tensor([n - 1]), later)
-                    self_drafted = sum(bool(ok) and source == SELF for ok, source
-                                       in zip(later[0].tolist(), state.drafts.sources))
-                    stats_of(self).record_round(int(later.sum()), n - 1, self_drafted)
-                state.accepted = state.drafts.states[0, n - 1]
-                seeds.append((logits[row + n - 1], hidden[row + n - 1]))
-            else:
-                seeds.append((logits[row], hidden[row]))
-            row += m
-        return seeds
+               ) -> Settled:
+        """One batched accept over every request's chain (`decoding/round.py`); the verify
+        slice of each accepted state S_n is its seed. prompt, positions: (B, L)."""
+        B, M = chains.index.shape
+        if M == 1:  # one row per request, its own: no copy of the logits
+            eligible = (chains.rows == self.mask_id) & ~prompt  # (B, L)
+            accepted = torch.ones(B, dtype=torch.long, device=chains.rows.device)  # (B,)
+            return Settled(accepted, chains.rows, BackboneStep(hidden, logits), eligible,
+                           ~eligible.any(dim=1))
+        owner = chains.owner  # some request verifies drafts: the rule's step on every row
+        eligible = (chains.rows == self.mask_id) & ~prompt[owner]  # (N, L)
+        steps = rule_steps(logits, chains.rows, eligible, self.mask_id, positions[owner],
+                           self.threshold, select_rows(sampling, owner))  # (N, L)
+        accepted = count_accepted(chains.rows[chains.index], chains.valid,
+                                  steps[chains.index[:, :-1]])  # (B,)
+        seed_rows = chains.index.gather(1, (accepted - 1)[:, None])[:, 0]  # (B,)
+        block = chains.rows[seed_rows]  # (B, L)
+        eligible = (block == self.mask_id) & ~prompt  # (B, L)
+        own_clean = (chains.rows[chains.index[:, -1]] == block).all(dim=1)  # (B,)
+        seed = BackboneStep(hidden[seed_rows], logits[seed_rows])  # (B, L, H), (B, L, V)
+        return Settled(accepted, block, seed, eligible, ~eligible.any(dim=1) & own_clean)
 
-    def finish_or_draft(self, model_runner, forward_batch, states: list[BlockState],
-                        rounds: list[Round], seeds, sampling: SamplingConfig,
-                        plan: tuple[str, ...], timer: Timer) -> list[bool]:
-        """Done blocks, stores, and new drafts (one batched head chain) for the rest.
+    def draft_all(self, model_runner, forward_batch, settled: Settled, positions: torch.Tensor,
+                  sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer,
+                  requests: list[int]) -> "Drafted":
+        """Draft 1 (the backbone's own step on the seed, accepted at once: even a request
+        that never gets scratch rows advances one step per forward) and the plan's later
+        drafts, in one batched chain over `requests`, those with masks left (a done block
+        or a store costs no head steps)."""
+        B = settled.block.shape[0]
+        none = torch.zeros(B, dtype=torch.bool, device=settled.block.device)  # (B,)
+        if not plan:  # the rule's own step, as LowConfidence takes it
+            first = rule_steps(settled.seed.logits, settled.block, settled.eligible,
+                               self.mask_id, positions, self.threshold, sampling)  # (B, L)
+            return Drafted(first, first, none)
+        if not requests:
+            return Drafted(settled.block, settled.block, none)
+        timer.start()
+        index = torch.tensor(requests, device=settled.block.device)  # (R,)
+        context = self.head_context(model_runner, forward_batch, requests) \
+            if HEAD in plan else None
+        seed = BackboneStep(settled.seed.hidden[index], settled.seed.logits[index])
+        rows = BlockRows(settled.block[index], settled.eligible[index], positions[index])
+        drafts = draft(context, self.model_parts(model_runner)[1], seed, rows, plan,
+                       self.threshold, select_rows(sampling, index))  # (R, m, L)
+        self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
+        first = settled.block.index_copy(0, index, drafts.states[:, 0])  # (B, L)
+        if drafts.states.shape[1] == 1:
+            return Drafted(first, first, none)
+        return Drafted(first, settled.block.index_copy(0, index, drafts.states[:, -1]),
+                       none.index_copy(0, index, drafts.valid[:, 1]), drafts, tuple(requests))
 
-        Draft 1 is the backbone's own step on the seed, so it is accepted at once: even
-        a request that never gets scratch rows advances one token per forward."""
-        done, to_draft = [], []
-        for index, (state, round_) in enumerate(zip(states, rounds)):
-            state.drafts = None
-            if bool(self.open_positions(state).any()):
-                to_draft.append(index)
-                done.append(False)
-            elif bool((round_.states[-1] == state.accepted).all()):
-                done.append(True)  # the own row forwarded the clean block: its KV is final
-            else:
-                done.append(False)  # store: the next round forwards the clean block alone
-        if to_draft:
-            timer.start()
-            context = self.head_context(model_runner, forward_batch, to_draft) \
-                if HEAD in plan else None
-            index = torch.tensor(to_draft, device=forward_batch.positions.device)
-            positions = forward_batch.positions.view(-1, self.block_size)[index].long()
-            sources = self.draft_for(context, self.model_parts(model_runner)[1], positions,
-                                     [states[i] for i in to_draft],
-                                     [seeds[i] for i in to_draft],
-                                     select_rows(sampling, to_draft), plan)
-            self.last_draft = (len(sources), sources.count(HEAD), timer.stop())
-        return done
+    def record(self, rounds: list[Round], verdicts: list[list[int]]) -> None:
+        """The verify rounds' verdicts, from the host copy `verdicts` (per request: masks
+        left, accepted, chain validity): the planner, per drafting plan, and the serving
+        stats, per request."""
+        by_sources: dict[tuple[str, ...], list[int]] = {}
+        for i, round_ in enumerate(rounds):
+            if round_.sources:
+                by_sources.setdefault(round_.sources, []).append(i)
+        for sources, requests in by_sources.items():
+            m = len(sources) + 1
+            accepted = [verdicts[i][1] for i in requests]  # (R,)
+            valid = [verdicts[i][2:2 + m] for i in requests]  # (R, m)
+            record_round(self.planner, sources, torch.tensor(accepted),
+                         torch.tensor(valid, dtype=torch.bool))  # host tensors: no device read
+            for n, row in zip(accepted, valid):
+                self_drafted = sum(ok and source == SELF for ok, source in zip(row[1:], sources))
+                stats_of(self).record_round(sum(row[1:]), max(n - 1, 0), self_drafted)
 
-    def open_positions(self, state: BlockState) -> torch.Tensor:
-        return (state.accepted == self.mask_id) & ~state.prompt  # (L,)
-
-    def store_done(self, model_runner, forward_batch, states: list[BlockState],
-                   rounds: list[Round], hidden: torch.Tensor, done: list[bool]) -> None:
+    def store_done(self, model_runner, forward_batch, settled: Settled, own: torch.Tensor,
+                   done: list[bool]) -> None:
         """The head's keys of the blocks done in this call, from their own rows' hidden
-        states (the own row comes last among a request's rows and forwarded the clean block)."""
+        states own (B, L, H) (the own row forwarded the clean block)."""
         finished = [i for i, d in enumerate(done) if d]
-        if not finished:
-            return
-        own = torch.tensor([r.states.shape[0] for r in rounds]).cumsum(0) - 1  # (B,) own rows
-        self.store_blocks(model_runner, forward_batch, finished,
-                          torch.stack([states[i].accepted for i in finished]),
-                          hidden[own[finished].to(hidden.device)])
-
-    def draft_for(self, context: HeadContext | None, host, positions: torch.Tensor,
-                  states: list[BlockState], seeds, sampling: SamplingConfig,
-                  plan: tuple[str, ...]) -> tuple[str, ...]:
-        """Draft 1 and one candidate per entry of `plan` (fewer once no request has a mask
-        left) for every request in one batched chain over `context` (the head on these
-        requests' blocks, for the head drafts; None when the plan has none) with the model's
-        `host` (its config, embedding and logits); positions (R, L) of the requests'
-        blocks. Returns the later drafts' sources."""
-        block = torch.stack([s.accepted for s in states])  # (R, L)
-        eligible = torch.stack([self.open_positions(s) for s in states])  # (R, L)
-        seed = BackboneStep(hidden=torch.stack([hidden for _, hidden in seeds]),
-                            logits=torch.stack([logits for logits, _ in seeds]))
-        rows = BlockRows(block, eligible, positions.to(block.device))
-        drafts = draft(context, host, seed, rows, plan, self.threshold, sampling)
-        for row, state in enumerate(states):
-            state.accepted = drafts.states[row, 0]  # the backbone's own step: exact
-            if bool(self.open_positions(state).any()):
-                state.drafts = Drafts(drafts.states[row:row + 1], drafts.valid[row:row + 1],
-                                      drafts.finished, drafts.sources)
-        return drafts.sources
+        if finished:
+            self.store_blocks(model_runner, forward_batch, finished, settled.block[finished],
+                              own[finished])
 
     def sample(self, probe: CostProbe, bucket: int, rounds: list[Round], seconds: float
                ) -> None:
@@ -247,6 +311,6 @@ class MrpSpeculative(MrpAlgorithm):
         m = sizes.pop()
         if m == 1:
             probe.add_forward(seconds)
-        elif all(r.verifying for r in rounds) and self.last_draft[0] == m - 1:
+        elif all(r.sources for r in rounds) and self.last_draft[0] == m - 1:
             probe.add_round(self.last_draft[1], self.last_draft[2], m, seconds)
         self.planner.learn(bucket)

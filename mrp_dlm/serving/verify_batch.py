@@ -115,7 +115,8 @@ def build_rows_batch(runner, forward_batch, reservations: list[Reservation],
     by_request = {item.request: item for item in reservations}
     device = forward_batch.input_ids.device
     owner = torch.tensor(layout.owner, dtype=torch.long, device=device)  # (N,)
-    own_pool = forward_batch.req_pool_indices.tolist()
+    own_pool = forward_batch.req_pool_indices_cpu  # (B,) on the host, when SGLang keeps it
+    own_pool = (forward_batch.req_pool_indices if own_pool is None else own_pool).tolist()
     pool_rows, slots = [], []
     written = forward_batch.out_cache_loc_virtual  # the allocator's ids, when translated
     written = forward_batch.out_cache_loc if written is None else written

@@ -1,0 +1,97 @@
+"""MrpSpeculative's round is batched: one accept over every request's chain and at most two
+host reads per forward (the verdicts, which say which requests draft; SGLang's answer),
+however many requests the forward holds (the fake engine of `fake_engine.py`, several
+requests of mixed prompt lengths).
+
+The reads counted are tensor -> host conversions (`tolist`, `item`, `bool`, `int`,
+`float`) made from the plugin's own module and the shared round (`decoding/round.py`); the
+drafting chain's stop check (`decoding/speculative.draft`, one per draft, as in the library
+decoder) is bounded by the drafts of a round, never by the requests. The output is still
+LowConfidence's (the exactness tests are in `test_algorithms.py`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_env import require_sglang
+
+require_sglang()
+
+import mrp_dlm.serving.speculative as plugin  # noqa: E402
+from fake_engine import FakeRunner, serve  # noqa: E402
+from mrp_dlm.config import HeadConfig  # noqa: E402
+from mrp_dlm.model.head import MRPHead  # noqa: E402
+from test_algorithms import (MASK, MAX_NEW, backbone, dllm_config, host_of_model,  # noqa: E402
+                             low_confidence, rule_prompts, runner_with_head, saved_head)
+
+pytestmark = pytest.mark.sglang
+
+WATCHED = ("mrp_dlm/serving/speculative.py", "mrp_dlm/decoding/round.py",
+           "mrp_dlm/decoding/speculative.py")
+READS = ("tolist", "item", "__bool__", "__int__", "__float__")
+
+
+def count_host_reads(monkeypatch) -> Counter:
+    """Patch the tensor -> host conversions to count, per WATCHED file, the calls made
+    from it."""
+    reads: Counter = Counter()
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(tensor, *args, original=original, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename.replace("\\", "/")
+            for watched in WATCHED:
+                if caller.endswith(watched):
+                    reads[watched] += 1
+            return original(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+def count_calls(monkeypatch, owner, name: str) -> Counter:
+    calls: Counter = Counter()
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls[name] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.2])
+@pytest.mark.parametrize("head", [True, False])
+def test_one_accept_and_two_host_reads_per_forward(tmp_path, monkeypatch, threshold, head):
+    block_size, lookahead = 4, 3
+    model = backbone(5, block_size, True)  # damped: long accepted runs, several rows each
+    prompts = rule_prompts(5, block_size, True, threshold)
+    head_dir = saved_head(tmp_path, model, MRPHead(model.config, HeadConfig(num_layers=1))) \
+        if head else None
+    runner = runner_with_head(model, block_size, head_dir) if head else FakeRunner(
+        model, block_size, model_parts=SimpleNamespace(mrp_host=host_of_model(model),
+                                                       mrp_head=None))
+    config = dict(lookahead=lookahead, threshold=threshold, adaptive=False)
+    algorithm = plugin.MrpSpeculative(dllm_config("MrpSpeculative", block_size,
+                                                  **({"head": head_dir} if head else {}),
+                                                  **config))
+    accepts = count_calls(monkeypatch, plugin, "count_accepted")
+    runs = count_calls(monkeypatch, algorithm, "run")
+    reads = count_host_reads(monkeypatch)
+    got = serve(runner, algorithm, prompts, MAX_NEW[block_size], MASK)
+    monkeypatch.undo()
+    assert tuple(tuple(r) for r in got) == low_confidence(5, block_size, True, threshold)[0]
+    forwards = runs["run"]
+    assert forwards == runner.forwards and forwards > 0
+    assert runner.rows > forwards * len(prompts) // 2, "few drafts verified: a weak test"
+    assert 0 < accepts["count_accepted"] <= forwards, accepts
+    assert reads["mrp_dlm/serving/speculative.py"] == 2 * forwards, reads
+    assert reads["mrp_dlm/decoding/round.py"] == 0, reads
+    assert reads["mrp_dlm/decoding/speculative.py"] <= forwards * (lookahead + 1), reads
