@@ -34,7 +34,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from mrp_dlm.decoding.nucleus import nucleus
+from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus
 from mrp_dlm.decoding.race import GROUP, race, race_candidates, race_screened, token_keys
 
 TOP_P_CANDIDATES = 256  # largest top-p nucleus found without a sort of the vocabulary
@@ -208,17 +208,42 @@ def sample_tokens(probs: torch.Tensor, sampling: SamplingConfig, positions: torc
         kept = truncate(probs, sampling.top_k, sampling.top_p)  # (B, L, V)
         return race(kept.view(-1, V), keys).view(B, L)
     flat = probs.reshape(-1, V)  # (R, V)
-    candidates = truncated_candidates(flat, sampling.top_k, sampling.top_p)
+    if sampling.top_k == 0 or sampling.top_k >= V:  # top-p alone, or no truncation
+        return nucleus_tokens(flat, keys, sampling).view(B, L)
+    return candidate_tokens(flat, keys, sampling).view(B, L)
+
+
+def nucleus_tokens(probs: torch.Tensor, keys: torch.Tensor,
+                   sampling: SamplingConfig) -> torch.Tensor:
+    """`sample_tokens` (R,) for probs (R, V) truncated by top-p alone (or not at all): the
+    race over probs, whose winner is the nucleus's where the nucleus surely keeps it
+    (`nucleus.inside_nucleus`); the other rows (about 1 - top_p of them) take
+    `candidate_tokens`."""
+    tokens = race_screened(probs, keys)  # (R,)
+    if sampling.top_p >= 1.0:
+        return tokens
+    settled = inside_nucleus(probs, tokens, sampling.top_p)  # (R,)
+    if not bool(settled.all()):
+        rows = unsettled_rows(settled)
+        tokens[rows] = candidate_tokens(probs[rows], keys[rows], sampling)
+    return tokens
+
+
+def candidate_tokens(probs: torch.Tensor, keys: torch.Tensor,
+                     sampling: SamplingConfig) -> torch.Tensor:
+    """`sample_tokens` (R,) for probs (R, V) through a few candidates per row, and for rows
+    they cannot settle through the nucleus floor or the dense `truncate`."""
+    candidates = truncated_candidates(probs, sampling.top_k, sampling.top_p)
     if candidates is None:
-        return race_screened(truncate(flat, sampling.top_k, sampling.top_p), keys).view(B, L)
+        return race_screened(truncate(probs, sampling.top_k, sampling.top_p), keys)
     tokens, _ = race_candidates(candidates.values, candidates.ids, keys)  # (R,)
     won = (candidates.ids == tokens[:, None]).int().argmax(-1, keepdim=True)  # (R, 1)
     # A split tie's winner may be a token the sort cut: only the whole row can tell.
     settled = candidates.complete & (candidates.values.gather(1, won)[:, 0] != candidates.split)
     if not bool(settled.all()):  # a tie at the k-th or the top-p boundary, a wide nucleus
         rows = unsettled_rows(settled)
-        tokens[rows] = unsettled_tokens(flat[rows], keys[rows], sampling)
-    return tokens.view(B, L)
+        tokens[rows] = unsettled_tokens(probs[rows], keys[rows], sampling)
+    return tokens
 
 
 def unsettled_rows(settled: torch.Tensor) -> torch.Tensor | slice:
