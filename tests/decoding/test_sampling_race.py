@@ -7,7 +7,9 @@ pinned as it was (`pinned_uniform_noise`), so a change to either shows. Cases co
 path of `sample_tokens`: no truncation (screened race), top-k, top-p, both, top-k ties
 (candidates incomplete), wide nuclei (the nucleus floor, and its forced fallback), top-p
 boundaries that split equal probabilities (narrow and wide, and a split tie that wins),
-and the screened race's own fallback (forced with a tiny CANDIDATE_GROUPS).
+the screened race's own fallback (forced with a tiny CANDIDATE_GROUPS), and top-p alone:
+the race's winner kept where the nucleus surely keeps it, the other rows (and every row,
+forced) through the candidates and the floor.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from mrp_dlm.decoding import race as race_module
 from mrp_dlm.decoding import sampling as sampling_module
 from mrp_dlm.decoding.race import (MASK32, mix32, mix32_wrapping_, race, race_screened,
                                    token_keys, uniform_noise)
-from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
-                                       top_candidates, truncate)
+from mrp_dlm.decoding.sampling import (SamplingConfig, candidate_tokens, full_distribution,
+                                       sample_tokens, top_candidates, truncate)
 
 
 def pinned_uniform_noise(seed, positions, draw, vocab):
@@ -180,6 +182,33 @@ def test_a_split_tie_that_wins_takes_the_dense_truncate(V, monkeypatch):
 def test_an_uncertain_nucleus_takes_the_dense_truncate(monkeypatch):
     probs, sampling, positions, draw = case(20_011, 0.3, top_p=0.9)
     monkeypatch.setattr(nucleus_module, "MAX_BAND", 8)
+    got = sample_tokens(probs, sampling, positions, draw)
+    monkeypatch.undo()
+    assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
+
+
+def test_winners_outside_the_nucleus_take_the_candidate_path(monkeypatch):
+    probs, sampling, positions, draw = case(20_011, 1.0, L=16, seed=3, top_p=0.8)
+    rows = []
+
+    def counted(probs, keys, sampling):
+        rows.append(probs.shape[0])
+        return candidate_tokens(probs, keys, sampling)
+
+    monkeypatch.setattr(sampling_module, "candidate_tokens", counted)
+    got = sample_tokens(probs, sampling, positions, draw)
+    monkeypatch.undo()
+    assert len(rows) == 1 and 0 < rows[0] < 32  # some rows, not all
+    assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
+
+
+@pytest.mark.parametrize("V,scale,top_p", [(151_936, 1.0, 0.95), (4099, 3.0, 0.9),
+                                           (20_011, 0.3, 0.5)])
+def test_every_row_forced_through_the_candidate_path(V, scale, top_p, monkeypatch):
+    probs, sampling, positions, draw = case(V, scale, B=1 if V > 100_000 else 2,
+                                            L=4 if V > 100_000 else 8, top_p=top_p)
+    monkeypatch.setattr(sampling_module, "inside_nucleus",
+                        lambda probs, tokens, top_p: torch.zeros(probs.shape[0], dtype=torch.bool))
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()
     assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
