@@ -15,8 +15,8 @@ The greedy step is what `propose` does for greedy: the softmax confidence is mea
 then the argmax. Every sampled step computes the same softmax (at its temperature), so a
 ratio's excess over 1 is the sampling alone. Each time is the best of the repeats (warm-up
 excluded; on a loaded machine the minimum is the steadiest statistic), steps interleaved so
-that load on a shared machine hits every row alike. Prints a table, then one JSON line last (config, git
-commit, hardware, results).
+that load on a shared machine hits every row alike. Prints a table, then one JSON line last
+(config, git commit, hardware, results).
 
     python benchmarks/sampling_cost.py [--batches 1 8] [--repeats 5] [--threads 1]
 """
