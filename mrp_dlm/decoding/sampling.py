@@ -16,13 +16,13 @@ which is what makes sampled speculation reproduce the sampled rule token for tok
 share a key. Greedy has its own exact path.
 
 On a CPU a sampled step costs about what a greedy one does (`sample_tokens`): the race
-screens the vocabulary with a cheap bound (`race.race_screened`); top-p alone races the
-untruncated row and keeps the winner where the nucleus surely holds it (one thresholded sum
-per row, `nucleus.inside_nucleus`); other truncation keeps a few candidates instead of
-sorting the vocabulary (a wide top-p nucleus: its floor, `nucleus.nucleus`). All give the
-full-vocabulary definition's token, and a row they cannot certify takes the next path down,
-the definition last (a host check, free on a CPU). One case only the
-definition can settle: a top-p boundary that splits equal probabilities keeps those the
+screens the vocabulary with a cheap bound (`race.race_screened`); truncation keeps a few
+candidates instead of sorting the vocabulary, except for a top-p nucleus too wide for them
+(its largest probability says so): that row races untruncated and keeps the winner where
+the nucleus surely holds it (one thresholded sum per row, `nucleus.inside_nucleus`), else
+takes the nucleus as a floor (`nucleus.nucleus`). All give the full-vocabulary
+definition's token, and a row they cannot certify takes the next path down, the definition
+last (a host check, free on a CPU). One case only the definition can settle: a top-p boundary that splits equal probabilities keeps those the
 vocabulary sort places first, so a row whose winner is one of them takes the definition.
 Elsewhere the definition runs as written, without a host sync.
 
