@@ -22,8 +22,9 @@ candidates instead of sorting the vocabulary, except for a top-p nucleus too wid
 the nucleus surely holds it (one thresholded sum per row, `nucleus.inside_nucleus`), else
 takes the nucleus as a floor (`nucleus.nucleus`). All give the full-vocabulary
 definition's token, and a row they cannot certify takes the next path down, the definition
-last (a host check, free on a CPU). One case only the definition can settle: a top-p boundary that splits equal probabilities keeps those the
-vocabulary sort places first, so a row whose winner is one of them takes the definition.
+last (a host check, free on a CPU). One case only the definition can settle: a top-p
+boundary that splits equal probabilities keeps those the vocabulary sort places first, so a
+row whose winner is one of them takes the definition.
 Elsewhere the definition runs as written, without a host sync.
 
 Shapes: B batch, L block positions, V vocab, R = B*L rows, C candidates per row.
