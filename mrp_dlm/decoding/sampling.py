@@ -178,7 +178,7 @@ def truncated_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> Candi
     probabilities is the prefix of theirs (a sequential float64 accumulation)."""
     V = probs.shape[-1]
     by_k, by_p = 0 < top_k < V, top_p < 1.0
-    if not (by_k or by_p) or top_k > MAX_TOP_K_CANDIDATES:
+    if not (by_k or by_p) or (by_k and top_k > MAX_TOP_K_CANDIDATES):
         return None
     values, ids = top_candidates(probs, min(V, top_k + 1 if by_k else TOP_P_CANDIDATES + 1))
     R = values.shape[0]

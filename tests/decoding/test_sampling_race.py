@@ -108,7 +108,8 @@ def test_top_candidates_are_the_top_values():
 
 
 KNOBS = [dict(), dict(top_k=50), dict(top_k=1), dict(top_p=0.95), dict(top_p=0.3),
-         dict(top_k=50, top_p=0.9), dict(top_k=2000), dict(top_k=40, top_p=0.999)]
+         dict(top_k=50, top_p=0.9), dict(top_k=2000), dict(top_k=40, top_p=0.999),
+         dict(top_k=200_000, top_p=0.9)]  # top-k at or above V: top-p alone
 
 
 @pytest.mark.parametrize("knobs", KNOBS, ids=str)
