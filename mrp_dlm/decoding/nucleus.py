@@ -17,6 +17,12 @@ or the mass up to it clear of top_p by more than float32 rounding can move befor
 values are >= 2**-29 and it holds at most MAX_BAND tokens; another row needs the dense
 `truncate`.
 
+Most rows need no floor at all (`inside_nucleus`): the race over the untruncated probs picks
+token w, and w is the race's winner over the nucleus too when truncate surely keeps it (the
+nucleus only takes competitors away). It does when the mass of the tokens >= p_w, every
+token the sort can place up to w, is below top_p by more than rounding: one thresholded
+sum per row. A race draws w outside the nucleus in about 1 - top_p of the rows.
+
 Deliberately not here: the race over the nucleus (`race.race_screened` takes the floor),
 top-k (its floor is the k-th value, `sampling.py`), anything but a CPU's float64 cumsum.
 
@@ -39,6 +45,11 @@ MAX_BAND = 16_384  # largest boundary bucket sorted; a wider one takes the dense
 # top_p by this much: float32 rounding of c_i and c_i - s_i (< 2**-22 near 1) cannot undo it.
 MARGIN = 2.0**-19
 CHUNK = 1 << 16  # elements per histogram pass: its buffers stay in cache
+SUM_GROUP = 64  # tokens summed in float32 before the float64 sum (`inside_nucleus`)
+# Relative slack of that sum: a float32 sum of 64 terms errs by < 63 * 2**-24 of its value
+# (any order), the float64 sums by far less. MARGIN covers the float32 roundings of S_w and
+# of top_p in truncate's comparison.
+SUM_SLACK = 2.0**-16
 
 
 @dataclass
@@ -127,3 +138,21 @@ def nucleus(probs: torch.Tensor, top_p: float) -> Nucleus:
     certain = (k >= 1) & (cut_inside | beyond) & (reached >= 1)  # (R,)
     return Nucleus(floor=torch.where(certain, floor, 0.0),
                    split=certain & cut_inside & (after == floor), certain=certain)
+
+
+def inside_nucleus(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(R,) bool: True where `truncate(probs, 0, top_p)` surely keeps token tokens (R,)
+    int64 of probs (R, V) float32 (False: kept or not, unknown). Truncate keeps sorted
+    token w while fl32(fl32(S_w) - p_w) < fl32(top_p), and S_w <= A, the mass of the tokens
+    >= p_w (module docstring). A is summed with a bounded error: float32 over SUM_GROUP
+    tokens, then float64. Host reads of p_w: meant for the CPU."""
+    R, V = probs.shape
+    groups = V // SUM_GROUP  # whole groups; the rest is summed in float64 directly
+    value = probs.gather(1, tokens[:, None])[:, 0]  # (R,) p_w
+    below = torch.nextafter(value, torch.zeros_like(value)).tolist()  # x > below <=> x >= p_w
+    mass = torch.empty(R, dtype=torch.float64, device=probs.device)  # (R,) A
+    for r in range(R):  # threshold takes one number; a row at a time stays in cache
+        kept = torch.nn.functional.threshold(probs[r], below[r], 0.0)  # (V,)
+        mass[r] = (kept[:groups * SUM_GROUP].view(groups, SUM_GROUP).sum(-1)
+                   .sum(dtype=torch.float64) + kept[groups * SUM_GROUP:].sum(dtype=torch.float64))
+    return mass * (1.0 + SUM_SLACK) < top_p - MARGIN

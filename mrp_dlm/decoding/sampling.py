@@ -15,13 +15,16 @@ which is what makes sampled speculation reproduce the sampled rule token for tok
 (`speculative.py`). Every step reveals at least one position, so no two steps of a block
 share a key. Greedy has its own exact path.
 
-On a CPU a sampled step costs about what a greedy one does (`sample_tokens`): truncation
-keeps a few candidates instead of sorting the vocabulary (a wide top-p nucleus: its floor,
-`nucleus.py`), and the race screens the vocabulary with a cheap bound
-(`race.race_screened`); both give the full-vocabulary definition's token, and a row they
-cannot certify takes the definition (a host check, free on a CPU). One case only the
-definition can settle: a top-p boundary that splits equal probabilities keeps those the
-vocabulary sort places first, so a row whose winner is one of them takes the definition.
+On a CPU a sampled step costs about what a greedy one does (`sample_tokens`): the race
+screens the vocabulary with a cheap bound (`race.race_screened`); truncation keeps a few
+candidates instead of sorting the vocabulary, except for a top-p nucleus too wide for them
+(its largest probability says so): that row races untruncated and keeps the winner where
+the nucleus surely holds it (one thresholded sum per row, `nucleus.inside_nucleus`), else
+takes the nucleus as a floor (`nucleus.nucleus`). All give the full-vocabulary
+definition's token, and a row they cannot certify takes the next path down, the definition
+last (a host check, free on a CPU). One case only the definition can settle: a top-p
+boundary that splits equal probabilities keeps those the vocabulary sort places first, so a
+row whose winner is one of them takes the definition.
 Elsewhere the definition runs as written, without a host sync.
 
 Shapes: B batch, L block positions, V vocab, R = B*L rows, C candidates per row.
@@ -34,7 +37,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from mrp_dlm.decoding.nucleus import nucleus
+from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus
 from mrp_dlm.decoding.race import GROUP, race, race_candidates, race_screened, token_keys
 
 TOP_P_CANDIDATES = 256  # largest top-p nucleus found without a sort of the vocabulary
@@ -175,7 +178,7 @@ def truncated_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> Candi
     probabilities is the prefix of theirs (a sequential float64 accumulation)."""
     V = probs.shape[-1]
     by_k, by_p = 0 < top_k < V, top_p < 1.0
-    if not (by_k or by_p) or top_k > MAX_TOP_K_CANDIDATES:
+    if not (by_k or by_p) or (by_k and top_k > MAX_TOP_K_CANDIDATES):
         return None
     values, ids = top_candidates(probs, min(V, top_k + 1 if by_k else TOP_P_CANDIDATES + 1))
     R = values.shape[0]
@@ -208,17 +211,62 @@ def sample_tokens(probs: torch.Tensor, sampling: SamplingConfig, positions: torc
         kept = truncate(probs, sampling.top_k, sampling.top_p)  # (B, L, V)
         return race(kept.view(-1, V), keys).view(B, L)
     flat = probs.reshape(-1, V)  # (R, V)
-    candidates = truncated_candidates(flat, sampling.top_k, sampling.top_p)
+    if 0 < sampling.top_k < V or sampling.top_p >= 1.0:
+        return candidate_tokens(flat, keys, sampling).view(B, L)
+    return top_p_tokens(flat, keys, sampling).view(B, L)
+
+
+def candidate_race(probs: torch.Tensor, keys: torch.Tensor,
+                   sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(winner (R,) int64, settled (R,) bool) of the race over `truncate(probs)` (R, V)
+    among a few candidates per row; None where `truncated_candidates` is."""
+    candidates = truncated_candidates(probs, sampling.top_k, sampling.top_p)
     if candidates is None:
-        return race_screened(truncate(flat, sampling.top_k, sampling.top_p), keys).view(B, L)
+        return None
     tokens, _ = race_candidates(candidates.values, candidates.ids, keys)  # (R,)
     won = (candidates.ids == tokens[:, None]).int().argmax(-1, keepdim=True)  # (R, 1)
     # A split tie's winner may be a token the sort cut: only the whole row can tell.
     settled = candidates.complete & (candidates.values.gather(1, won)[:, 0] != candidates.split)
+    return tokens, settled
+
+
+def candidate_tokens(probs: torch.Tensor, keys: torch.Tensor,
+                     sampling: SamplingConfig) -> torch.Tensor:
+    """`sample_tokens` (R,) for probs (R, V) through a few candidates per row, and for rows
+    they cannot settle through the nucleus floor or the dense `truncate`."""
+    raced = candidate_race(probs, keys, sampling)
+    if raced is None:  # nothing truncated, or a top-k too large for candidates
+        return race_screened(truncate(probs, sampling.top_k, sampling.top_p), keys)
+    tokens, settled = raced
     if not bool(settled.all()):  # a tie at the k-th or the top-p boundary, a wide nucleus
         rows = unsettled_rows(settled)
-        tokens[rows] = unsettled_tokens(flat[rows], keys[rows], sampling)
-    return tokens.view(B, L)
+        tokens[rows] = unsettled_tokens(probs[rows], keys[rows], sampling)
+    return tokens
+
+
+def top_p_tokens(probs: torch.Tensor, keys: torch.Tensor,
+                 sampling: SamplingConfig) -> torch.Tensor:
+    """`sample_tokens` (R,) for probs (R, V) truncated by top-p alone. A row whose largest
+    probability may fill top_p with TOP_P_CANDIDATES tokens tries the candidates. The other
+    rows, and those the candidates leave, race over probs: the winner is the nucleus's
+    where the nucleus surely holds it (`nucleus.inside_nucleus`; about top_p of the rows),
+    the rest take the floor (`unsettled_tokens`)."""
+    left = probs.amax(dim=-1) * TOP_P_CANDIDATES < sampling.top_p  # (R,) surely wide
+    tokens = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (R,)
+    if not bool(left.all()):
+        rows = unsettled_rows(left)  # rows that may be narrow
+        tokens[rows], settled = candidate_race(probs[rows], keys[rows], sampling)
+        left[rows] = ~settled
+    if bool(left.any()):
+        rows = unsettled_rows(~left)
+        racing = probs[rows]  # (n, V)
+        raced = race_screened(racing, keys[rows])  # (n,)
+        inside = inside_nucleus(racing, raced, sampling.top_p)  # (n,)
+        tokens[rows] = raced
+        if not bool(inside.all()):
+            outside = left.nonzero()[:, 0][~inside]  # (m,)
+            tokens[outside] = unsettled_tokens(probs[outside], keys[outside], sampling)
+    return tokens
 
 
 def unsettled_rows(settled: torch.Tensor) -> torch.Tensor | slice:
@@ -229,7 +277,7 @@ def unsettled_rows(settled: torch.Tensor) -> torch.Tensor | slice:
 
 def unsettled_tokens(probs: torch.Tensor, keys: torch.Tensor,
                      sampling: SamplingConfig) -> torch.Tensor:
-    """`sample_tokens` (R,) for rows of probs (R, V) the candidates could not settle: over
+    """`sample_tokens` (R,) for rows of probs (R, V) no cheaper path could settle: over
     the nucleus floor for top-p alone, else (and where the floor is uncertain, or a split
     tie wins) over the dense `truncate`."""
     V = probs.shape[1]

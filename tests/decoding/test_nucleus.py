@@ -4,7 +4,9 @@ below it cut, and `split` exactly where the sort keeps only some of the tokens e
 Cases: flat rows (the nucleus is most of the vocabulary), rows of equal logits (ties at the
 boundary), a sweep of top-p over one row (boundaries at every place in a bucket, at bucket
 edges and at the total mass), and the forced fallbacks (a band over MAX_BAND, values below
-EXACT_BUCKET) that must report `certain` False.
+EXACT_BUCKET) that must report `certain` False. `inside_nucleus` is checked on tokens at
+every place of the sorted row: True only for tokens truncate keeps, and True for every
+token whose mass with all tokens >= it is below top_p by a stated margin.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from mrp_dlm.decoding import nucleus as nucleus_module
-from mrp_dlm.decoding.nucleus import bucket_mass, nucleus
+from mrp_dlm.decoding.nucleus import bucket_mass, inside_nucleus, nucleus
 from mrp_dlm.decoding.sampling import truncate
 
 
@@ -88,3 +90,53 @@ def test_a_boundary_below_the_exact_bucket_is_uncertain(monkeypatch):
     monkeypatch.setattr(nucleus_module, "EXACT_BUCKET",
                         (127 - 2) << (23 - nucleus_module.BUCKET_SHIFT))  # as if 2**-2 opened it
     assert not check_floor(probs, 0.9).any()
+
+
+INSIDE_MARGIN = 1e-4  # a token this far inside the nucleus must be certified
+
+
+def check_inside(probs: torch.Tensor, top_p: float, picks: int = 24) -> int:
+    """Assert `inside_nucleus` on `picks` tokens per row of probs (R, V) (sorted ranks
+    around the boundary and across the row): True only where truncate keeps the token, and
+    True where the mass of the tokens >= it is below top_p - INSIDE_MARGIN. Returns how
+    many were True."""
+    R, V = probs.shape
+    kept = truncate(probs, 0, top_p) > 0  # (R, V)
+    order = probs.sort(dim=-1, descending=True).indices  # (R, V)
+    boundary = kept.sum(-1)  # (R,)
+    spread = torch.linspace(0, V - 1, picks // 2).long()  # (picks/2,) ranks across the row
+    near = (boundary[:, None] + torch.arange(-picks // 4, picks // 4)).clamp(0, V - 1)
+    ranks = torch.cat((spread.expand(R, -1), near), dim=1)  # (R, picks)
+    tokens = order.gather(1, ranks)  # (R, picks)
+    rows = probs.repeat_interleave(ranks.shape[1], dim=0)  # (R*picks, V)
+    got = inside_nucleus(rows, tokens.reshape(-1), top_p).view(R, -1)  # (R, picks)
+    value = probs.gather(1, tokens)  # (R, picks)
+    mass = torch.stack([(probs.double()[r, None, :] * (probs[r, None, :] >= value[r, :, None]))
+                        .sum(-1) for r in range(R)])  # (R, picks) mass of tokens >= each
+    assert kept.gather(1, tokens)[got].all(), top_p
+    assert got[mass < top_p - INSIDE_MARGIN].all(), top_p
+    return int(got.sum())
+
+
+@pytest.mark.parametrize("V,scale,levels", [(4099, 1.0, 0), (20_011, 1 / 0.7, 0),
+                                            (4099, 3.0, 0), (4099, 1.0, 2), (20_011, 1.0, 8)])
+def test_inside_nucleus_certifies_only_kept_tokens(V, scale, levels):
+    probs = rows(V, scale, R=3, seed=V + levels, levels=levels)
+    certified = sum(check_inside(probs, top_p) for top_p in (0.3, 0.8, 0.95, 0.999))
+    assert certified > 0
+
+
+@pytest.mark.parametrize("scale", [1.0, 4.0])
+def test_inside_nucleus_at_a_top_p_equal_to_a_tokens_mass(scale):
+    """top_p right at the mass up to a token (the rounding case), and a hair either side;
+    at scale 4 also deep in the tail, where the next token is far lighter than MARGIN (a
+    certificate that ignored rounding would pass that cut token)."""
+    probs = rows(4099, scale, R=1, seed=9)
+    ordered = probs[0].double().sort(descending=True).values  # (V,)
+    tail = (ordered < 1e-7).nonzero()[:, 0]  # (n,) ranks of tokens lighter than 1e-7
+    ranks = [0, 1, 50, 700, 2000] + tail[::max(1, len(tail) // 8)].tolist()
+    for rank in ranks:
+        edge = float(ordered[:rank + 1].sum())
+        for top_p in (edge, edge + 2.0**-30, edge - 2.0**-30, edge + 1e-7, edge - 1e-7):
+            if 0 < top_p < 1:
+                check_inside(probs, top_p)

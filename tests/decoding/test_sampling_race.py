@@ -7,7 +7,10 @@ pinned as it was (`pinned_uniform_noise`), so a change to either shows. Cases co
 path of `sample_tokens`: no truncation (screened race), top-k, top-p, both, top-k ties
 (candidates incomplete), wide nuclei (the nucleus floor, and its forced fallback), top-p
 boundaries that split equal probabilities (narrow and wide, and a split tie that wins),
-and the screened race's own fallback (forced with a tiny CANDIDATE_GROUPS).
+the screened race's own fallback (forced with a tiny CANDIDATE_GROUPS), and top-p alone:
+narrow rows through candidates, wide ones (and every row, forced) through the race, its
+winner kept where the nucleus surely keeps it, the other rows (and every raced row,
+forced) through the floor.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from mrp_dlm.decoding import sampling as sampling_module
 from mrp_dlm.decoding.race import (MASK32, mix32, mix32_wrapping_, race, race_screened,
                                    token_keys, uniform_noise)
 from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
-                                       top_candidates, truncate)
+                                       top_candidates, truncate, unsettled_tokens)
 
 
 def pinned_uniform_noise(seed, positions, draw, vocab):
@@ -105,7 +108,8 @@ def test_top_candidates_are_the_top_values():
 
 
 KNOBS = [dict(), dict(top_k=50), dict(top_k=1), dict(top_p=0.95), dict(top_p=0.3),
-         dict(top_k=50, top_p=0.9), dict(top_k=2000), dict(top_k=40, top_p=0.999)]
+         dict(top_k=50, top_p=0.9), dict(top_k=2000), dict(top_k=40, top_p=0.999),
+         dict(top_k=200_000, top_p=0.9)]  # top-k at or above V: top-p alone
 
 
 @pytest.mark.parametrize("knobs", KNOBS, ids=str)
@@ -180,6 +184,50 @@ def test_a_split_tie_that_wins_takes_the_dense_truncate(V, monkeypatch):
 def test_an_uncertain_nucleus_takes_the_dense_truncate(monkeypatch):
     probs, sampling, positions, draw = case(20_011, 0.3, top_p=0.9)
     monkeypatch.setattr(nucleus_module, "MAX_BAND", 8)
+    got = sample_tokens(probs, sampling, positions, draw)
+    monkeypatch.undo()
+    assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
+
+
+def test_winners_outside_the_nucleus_take_the_floor(monkeypatch):
+    probs, sampling, positions, draw = case(20_011, 0.5, L=16, seed=3, top_p=0.8)
+    rows = []
+
+    def counted(probs, keys, sampling):
+        rows.append(probs.shape[0])
+        return unsettled_tokens(probs, keys, sampling)
+
+    monkeypatch.setattr(sampling_module, "unsettled_tokens", counted)
+    got = sample_tokens(probs, sampling, positions, draw)
+    monkeypatch.undo()
+    assert len(rows) == 1 and 0 < rows[0] < 32  # some rows, not all
+    assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
+
+
+@pytest.mark.parametrize("V,scale,top_p", [(151_936, 1.0, 0.95), (4099, 3.0, 0.9),
+                                           (20_011, 0.3, 0.5)])
+def test_every_raced_row_forced_through_the_floor(V, scale, top_p, monkeypatch):
+    probs, sampling, positions, draw = case(V, scale, B=1 if V > 100_000 else 2,
+                                            L=4 if V > 100_000 else 8, top_p=top_p)
+    monkeypatch.setattr(sampling_module, "inside_nucleus",
+                        lambda probs, tokens, top_p: torch.zeros(probs.shape[0], dtype=torch.bool))
+    got = sample_tokens(probs, sampling, positions, draw)
+    monkeypatch.undo()
+    assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
+
+
+@pytest.mark.parametrize("first", ["as chosen", "candidates", "race"])
+@pytest.mark.parametrize("top_p", [0.5, 0.95])
+def test_narrow_and_wide_rows_in_one_batch(first, top_p, monkeypatch):
+    """Rows from peaked to flat (nucleus from 1 to thousands of tokens): each takes the
+    candidates or the race first by its largest probability, or all are forced one way."""
+    probs, sampling, positions, draw = case(20_011, 1.0, L=8, seed=4, top_p=top_p)
+    scales = torch.tensor([0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 20.0])  # (L,)
+    logits = torch.randn(2, 8, 20_011, generator=torch.Generator().manual_seed(5))
+    probs = full_distribution(logits * scales[:, None], 20_010, sampling)  # (B, L, V)
+    if first != "as chosen":  # every row surely narrow, or surely wide
+        monkeypatch.setattr(sampling_module, "TOP_P_CANDIDATES",
+                            20_011 if first == "candidates" else 0)
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()
     assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
