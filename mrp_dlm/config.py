@@ -250,7 +250,7 @@ class RunConfig:
 
     out: str  # output directory: the weights, train_state.pt, train_config.json and the logs
     tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from (without --data)
-    data: str | None = None  # training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets folders and task:NAME, each with an optional @WEIGHT (copies per epoch); None: the --tasks
+    data: str | None = None  # training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets folders and task:NAME, each with an optional @WEIGHT (passes per epoch); None: the --tasks
     skip_bad_rows: bool = False  # skip and count data rows that are not conversations instead of failing on the first
     train_examples: int = 50000  # training examples drawn from each task
     seq_len: int = 256  # tokens per packed row, a multiple of the block size

@@ -88,9 +88,10 @@ class Counters:
     rescued: torch.Tensor  # () int64, speculative rounds that kept an alternative candidate
 
     @classmethod
-    def start(cls, copies: int, device: torch.device) -> "Counters":
+    def start(cls, outcomes: int, device: torch.device) -> "Counters":
+        """outcomes: the histogram's size (K + 1 for speculation: 0..K head drafts accepted)."""
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-        return cls(DecodeStats(), zeros(), zeros(copies), zeros(2), zeros(), zeros(2, 2),
+        return cls(DecodeStats(), zeros(), zeros(outcomes), zeros(2), zeros(), zeros(2, 2),
                    zeros())
 
     def add_prefill(self, rows: int) -> None:

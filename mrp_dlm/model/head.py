@@ -12,7 +12,7 @@
 The head's keys and values of an earlier block come from the head run on that block's
 clean tokens with h_in = the backbone's final hidden states of that block (what the
 backbone's store forward computes); decoding keeps them in a cache of the head's own
-(`decoding/head_cache.py`), training in the tensors of a pass over the clean copy x_0
+(`decoding/head_cache.py`), training in the tensors of a pass over the clean row x_0
 (`training/head_batch.py`). This is the published MRP head: a head that sees only its
 block is a different model.
 
@@ -107,7 +107,7 @@ class PrefixLayer:
 
 
 class KeyRecorder:
-    """Records every head layer's keys of one pass (training's pass over the clean copy x_0,
+    """Records every head layer's keys of one pass (training's pass over the clean row x_0,
     or a test's whole sequence); `prefix()` then gives them to later passes to attend to."""
 
     def __init__(self, num_layers: int) -> None:

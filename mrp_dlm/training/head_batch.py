@@ -45,7 +45,7 @@ from mrp_dlm.training.noise import NoisyBatch
 class BlockLayout:
     """Maps row tensors to the (N, L) blocks of the noisy slots and back."""
 
-    index: torch.Tensor  # (B, Tn) int64, the x_0 slot each noisy slot copies
+    index: torch.Tensor  # (B, Tn) int64, each noisy slot's source slot in x_0
     keep: torch.Tensor  # (B * Tn / L,) bool, True for blocks of a sample (not padding)
     block_size: int  # L
 
