@@ -139,10 +139,10 @@ def keep_rescued(advance: Advance, found: Alternatives, rescue: Rescue, size: in
     index = first + rescue.depth * (size - 1) + slot  # (B,) copy of the kept alternative
     tokens = torch.where(rescued[:, None], found.states[rows, rescue.depth, slot],
                          advance.tokens)  # (B, L)
-    hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, index]  # (B, L, H)
+    base_hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, index]  # (B, L, H)
     logits = check.logits.view(B, -1, L, check.logits.shape[-1])[rows, index]  # (B, L, V)
     keep = rescued[:, None, None]  # (B, 1, 1)
-    seed = BackboneStep(torch.where(keep, hidden, advance.base.hidden),
+    seed = BackboneStep(torch.where(keep, base_hidden, advance.base.hidden),
                         torch.where(keep, logits, advance.base.logits))
     return Advance(tokens, seed), rescued
 

@@ -180,9 +180,9 @@ def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
     rows = torch.arange(B, device=block.device)
     tokens = torch.where(moved, drafts.states[rows, index], block)  # (B, L)
     checked = index.clamp_max(v - 1)  # (B,)
-    hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, checked]  # (B, L, H)
+    base_hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, checked]  # (B, L, H)
     logits = check.logits.view(B, -1, L, check.logits.shape[-1])[rows, checked]  # (B, L, V)
-    return Advance(tokens, BackboneStep(torch.where(moved[..., None], hidden, seed.hidden),
+    return Advance(tokens, BackboneStep(torch.where(moved[..., None], base_hidden, seed.hidden),
                                         torch.where(moved[..., None], logits, seed.logits)))
 
 
