@@ -311,14 +311,13 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     L, device = schedule.block_size, model.lm_head.weight.device
     layout = plan_layout([len(p) for p in prompts], L, config.max_new_tokens)
     tokens, positions, key_valid = build_buffers(prompts, layout, schedule.mask_token_id, device)
-    # a speculative decoder's verify forward may hold more copies than its drafts (sets)
-    slots = layout.total_slots + (getattr(decoder, "verify_copies", decoder.copies) - 1) * L
+    slots = layout.total_slots + (decoder.copies - 1) * L
     slots = -(-slots // SLOT_BUCKET) * SLOT_BUCKET
     cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads, slots,
                     model.config.head_dim, model.lm_head.weight.dtype, device)
     head = (HeadCache(decoder.head, model, tokens, positions, key_valid, slots)
             if decoder.head is not None else None)
-    counters = Counters.start(decoder.copies, device)
+    counters = Counters.start(getattr(decoder, "outcomes", 1), device)  # speculative's
     if layout.prefix_slots:
         P = layout.prefix_slots
         mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])

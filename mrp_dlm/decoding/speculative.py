@@ -204,12 +204,12 @@ class SpeculativeDecoder:
 
     def __init__(self, config: DecodeConfig, head: MRPHead | None) -> None:
         self.config, self.head = config, head
-        self.copies = config.lookahead + 1
+        self.outcomes = config.lookahead + 1  # rounds by head drafts accepted: 0..K
         self.planner = DraftPlanner(config.lookahead, config.adaptive, head is not None)
         self.sampling = sampling_of(config)
 
     @property
-    def verify_copies(self) -> int:
+    def copies(self) -> int:
         """Most block copies a verify forward holds (sizes the scratch slots): the drafts'
         and, where the planner may run candidate sets, their alternatives'."""
         return self.config.lookahead * self.planner.most_size + 1
