@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+__all__ = ["BACKBONE_PRESETS", "DEFAULT_DEVICE", "DEFAULT_DTYPE", "DISTILL_DECODE",
+           "DISTILL_FORMATS", "DRAFTERS", "DTYPE_NAMES", "MODES", "MRP_MODES", "REMASK_RULES",
+           "REVEAL_RULES", "SDAR_BLOCK_SIZE", "SDAR_MASK_TOKEN_ID", "SDAR_STOP_TOKEN_IDS",
+           "STRATEGIES", "BackboneConfig", "BlockSchedule", "DecodeConfig", "DistillConfig",
+           "HeadConfig", "HeadTrainConfig", "RunConfig", "TrainConfig"]
+
 # SDAR family defaults: the published config.json files lack these keys and every engine
 # hard-codes them.
 SDAR_MASK_TOKEN_ID = 151669
@@ -20,7 +26,7 @@ SDAR_STOP_TOKEN_IDS = (151645, 151643)
 
 STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only modes
 MRP_MODES = ("direct", "speculative", "remask")  # modes that use an MRP head (speculative can do without)
-LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
+_LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
 REMASK_RULES = ("chain", "paper")  # see `decoding/remask.py`, `decoding/veto.py`
 DRAFTERS = ("head", "self")  # what speculative decoding drafts with, see `decoding/drafting.py`
@@ -147,7 +153,7 @@ class DecodeConfig:
 
     def check_lookahead(self, block_size: int) -> None:
         """K head steps look ahead within one block: K beyond L only costs time."""
-        if self.mode in LOOKAHEAD_MODES and self.lookahead > block_size:
+        if self.mode in _LOOKAHEAD_MODES and self.lookahead > block_size:
             raise ValueError(f"lookahead ({self.lookahead}) cannot exceed block_size "
                              f"({block_size})")
 
@@ -234,7 +240,7 @@ BACKBONE_PRESETS: dict[str, dict[str, int | bool]] = {
 }
 
 
-def check_at_least_one(config: object, names: tuple[str, ...]) -> None:
+def _check_at_least_one(config: object, names: tuple[str, ...]) -> None:
     """Raise ValueError naming the first of the integer fields `names` that is below 1."""
     for name in names:
         if getattr(config, name) < 1:
@@ -250,7 +256,7 @@ class RunConfig:
 
     out: str  # output directory: the weights, train_state.pt, train_config.json and the logs
     tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from (without --data)
-    data: str | None = None  # training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets folders and task:NAME, each with an optional @WEIGHT (copies per epoch); None: the --tasks
+    data: str | None = None  # training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets folders and task:NAME, each with an optional @WEIGHT (passes per epoch); None: the --tasks
     skip_bad_rows: bool = False  # skip and count data rows that are not conversations instead of failing on the first
     train_examples: int = 50000  # training examples drawn from each task
     seq_len: int = 256  # tokens per packed row, a multiple of the block size
@@ -271,8 +277,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.out:
             raise ValueError("out must name a directory")
-        check_at_least_one(self, ("train_examples", "seq_len", "batch_size", "train_steps",
-                                  "log_every", "save_every"))
+        _check_at_least_one(self, ("train_examples", "seq_len", "batch_size", "train_steps",
+                                   "log_every", "save_every"))
         if self.data is None and not self.task_names:
             raise ValueError("tasks must name at least one task")
         if self.lr <= 0:
@@ -308,7 +314,7 @@ class TrainConfig(RunConfig):
         if self.preset not in BACKBONE_PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of "
                              f"{', '.join(BACKBONE_PRESETS)}")
-        check_at_least_one(self, ("block_size", "vocab_size"))
+        _check_at_least_one(self, ("block_size", "vocab_size"))
         if self.seq_len % self.block_size:
             raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of block_size "
                              f"({self.block_size})")
@@ -335,7 +341,7 @@ class DistillConfig:
     def __post_init__(self) -> None:
         if not self.prompts or not self.out:
             raise ValueError("prompts and out must name a source and a folder")
-        check_at_least_one(self, ("batch_size", "shard_rows"))
+        _check_at_least_one(self, ("batch_size", "shard_rows"))
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         if self.output_format not in DISTILL_FORMATS:
@@ -376,8 +382,8 @@ class HeadTrainConfig(RunConfig):
     def __post_init__(self) -> None:
         if self.model == "":
             raise ValueError("model must name a directory")
-        check_at_least_one(self, ("head_layers", "lookahead", "reveal_max", "eval_examples",
-                                  "eval_new_tokens", "eval_every"))
+        _check_at_least_one(self, ("head_layers", "lookahead", "reveal_max", "eval_examples",
+                                   "eval_new_tokens", "eval_every"))
         if self.reveal_rule not in REVEAL_RULES:
             raise ValueError(f"unknown reveal_rule {self.reveal_rule!r}; choose one of "
                              f"{', '.join(REVEAL_RULES)}")

@@ -27,6 +27,8 @@ from mrp_dlm.model.release import is_release_dir
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 from mrp_dlm.threads import set_inference_threads
 
+__all__ = ["GenerateOutput", "Pipeline", "embedded_head_dir", "embedded_model_dir"]
+
 
 @dataclass
 class GenerateOutput:

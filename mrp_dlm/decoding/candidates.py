@@ -139,10 +139,10 @@ def keep_rescued(advance: Advance, found: Alternatives, rescue: Rescue, size: in
     index = first + rescue.depth * (size - 1) + slot  # (B,) copy of the kept alternative
     tokens = torch.where(rescued[:, None], found.states[rows, rescue.depth, slot],
                          advance.tokens)  # (B, L)
-    hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, index]  # (B, L, H)
+    base_hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, index]  # (B, L, H)
     logits = check.logits.view(B, -1, L, check.logits.shape[-1])[rows, index]  # (B, L, V)
     keep = rescued[:, None, None]  # (B, 1, 1)
-    seed = BackboneStep(torch.where(keep, hidden, advance.base.hidden),
+    seed = BackboneStep(torch.where(keep, base_hidden, advance.base.hidden),
                         torch.where(keep, logits, advance.base.logits))
     return Advance(tokens, seed), rescued
 
@@ -169,18 +169,18 @@ class SpareHits:
         self.hits = [a + b for a, b in zip(self.hits, counts[1:])]
 
 
-def best_size(rates: list[float], rescues: list[list[float]], copies: dict[int, float]) -> int:
+def best_size(rates: list[float], rescues: list[list[float]], copy_costs: dict[int, float]) -> int:
     """The set size of highest worth for a plan of D later drafts, in denoise forwards:
 
         sum_d P(drafts before d stood) (1 - rates[d]) rescue_c(d) - (c - 1) D copy_c
 
     rates: (D,) each draft's acceptance; rescues: (D,) per draft, the rescue share of each
-    size 1..MOST_CANDIDATES (`SpareHits.rescue`); copies: size c > 1 -> one alternative's
+    size 1..MOST_CANDIDATES (`SpareHits.rescue`); copy_costs: size c > 1 -> one alternative's
     verify copy cost in rounds with sets of c.
     """
     best, best_worth = 1, 0.0
     for size in range(2, MOST_CANDIDATES + 1):
-        worth, reach = -(size - 1) * len(rates) * copies[size], 1.0
+        worth, reach = -(size - 1) * len(rates) * copy_costs[size], 1.0
         for rate, rescue in zip(rates, rescues):
             worth += reach * (1 - rate) * rescue[size - 1]
             reach *= rate

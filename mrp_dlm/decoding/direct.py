@@ -3,7 +3,7 @@ then K head steps, each committing one more token from A + sum C, unverified.
 
 Up to n_s + K tokens per backbone forward; head steps stop once no row has a masked
 position left (as the official loop's). With a head that predicts no change this is static
-decoding committing n_s + K tokens per step. `direct_step` is the one copy of the
+decoding committing n_s + K tokens per step. `direct_step` is the one definition of the
 step: the library's `DirectDecoder` and the SGLang plugin's `MrpDirect` both call it.
 
 Shapes: B batch, L block size, H hidden, V vocab, K lookahead.

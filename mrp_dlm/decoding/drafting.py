@@ -180,12 +180,12 @@ class CostProbe:
     lookahead: int  # K: the probe rounds' drafts
     source: str = HEAD  # what the full-lookahead rounds draft with
     forward: list[float] = field(default_factory=list)  # seconds of one-copy forwards
-    copies: dict[int, list[float]] = field(default_factory=dict)  # v -> verify seconds
+    verify_seconds: dict[int, list[float]] = field(default_factory=dict)  # v copies -> seconds
     head_steps: list[float] = field(default_factory=list)  # seconds per head step
 
     def next_plan(self) -> tuple[str, ...]:
         """The next probe round's drafts: none (time a forward) or the lookahead's."""
-        rounds = sum(len(t) for t in self.copies.values())
+        rounds = sum(len(t) for t in self.verify_seconds.values())
         return () if len(self.forward) <= rounds else (self.source,) * self.lookahead
 
     def add_forward(self, seconds: float) -> None:
@@ -195,12 +195,12 @@ class CostProbe:
                   verify_seconds: float) -> None:
         if head_steps:
             self.head_steps.append(draft_seconds / head_steps)
-        self.copies.setdefault(copies, []).append(verify_seconds)
+        self.verify_seconds.setdefault(copies, []).append(verify_seconds)
 
     def costs(self) -> RoundCosts | None:
         """The costs, once TIMING_REPEATS samples of a forward, of a head step (with a
         head) and a verify of more than one copy are in; else None."""
-        wider = {v: min(t) for v, t in self.copies.items() if v > 1}
+        wider = {v: min(t) for v, t in self.verify_seconds.items() if v > 1}
         heads = len(self.head_steps) if self.source == HEAD else TIMING_REPEATS
         if min(len(self.forward), heads) < TIMING_REPEATS or not wider:
             return None
@@ -282,9 +282,9 @@ class DraftPlanner:
         rates = [self.acceptance[source].rate(depth) for depth, source in enumerate(plan)]
         rescues = [[self.spares[source].rescue(size) for size in range(1, MOST_CANDIDATES + 1)]
                    for source in plan]
-        copies = {size: self.set_copy(key, len(plan), size)
-                  for size in range(2, MOST_CANDIDATES + 1)}
-        self.chosen[key] = best_size(rates, rescues, copies)
+        copy_costs = {size: self.set_copy(key, len(plan), size)
+                      for size in range(2, MOST_CANDIDATES + 1)}
+        self.chosen[key] = best_size(rates, rescues, copy_costs)
         return self.chosen[key]
 
     def set_copy(self, key: int, drafts: int, size: int) -> float:

@@ -88,9 +88,10 @@ class Counters:
     rescued: torch.Tensor  # () int64, speculative rounds that kept an alternative candidate
 
     @classmethod
-    def start(cls, copies: int, device: torch.device) -> "Counters":
+    def start(cls, outcomes: int, device: torch.device) -> "Counters":
+        """outcomes: the histogram's size (K + 1 for speculation: 0..K head drafts accepted)."""
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-        return cls(DecodeStats(), zeros(), zeros(copies), zeros(2), zeros(), zeros(2, 2),
+        return cls(DecodeStats(), zeros(), zeros(outcomes), zeros(2), zeros(), zeros(2, 2),
                    zeros())
 
     def add_prefill(self, rows: int) -> None:
@@ -198,14 +199,14 @@ class BlockContext:
             step, self.pending = self.pending, None
             return step
         self.counters.add_denoise(self.active)
-        hidden = self.forward(block)  # (B, L, H)
-        return BackboneStep(hidden, self.model.logits(hidden))
+        base_hidden = self.forward(block)  # (B, L, H)
+        return BackboneStep(base_hidden, self.model.logits(base_hidden))
 
     def verify(self, states: torch.Tensor) -> BackboneStep:
         """The backbone on M candidate block states (B, M*L) in one verify forward."""
         self.counters.add_verify(self.active)
-        hidden = self.forward(states)  # (B, M*L, H)
-        return BackboneStep(hidden, self.model.logits(hidden))
+        base_hidden = self.forward(states)  # (B, M*L, H)
+        return BackboneStep(base_hidden, self.model.logits(base_hidden))
 
     def store_and_denoise(self, finished: torch.Tensor, block: torch.Tensor) -> None:
         """One forward: store `finished` (B, L), the block before this one, and denoise `block`.
@@ -217,11 +218,11 @@ class BlockContext:
         self.counters.add_denoise(self.active, store=True)
         positions = torch.cat((self.positions - L, self.positions), dim=1)  # (B, 2L)
         both = torch.cat((finished, block), dim=1)  # (B, 2L)
-        hidden = self.model(both, positions, self.mask(0), self.cache, self.slot(-L))  # (B, 2L, H)
+        both_hidden = self.model(both, positions, self.mask(0), self.cache, self.slot(-L))  # (B, 2L, H)
         if self.head is not None:
-            self.head.add(hidden[:, :L])  # the finished block's store hidden states
-        hidden = hidden[:, L:]  # (B, L, H)
-        self.pending = BackboneStep(hidden, self.model.logits(hidden))
+            self.head.add(both_hidden[:, :L])  # clean_hidden: the finished block's store
+        base_hidden = both_hidden[:, L:]  # (B, L, H)
+        self.pending = BackboneStep(base_hidden, self.model.logits(base_hidden))
 
 
 def decode_block(context: BlockContext, block: torch.Tensor, decoder: Decoder) -> torch.Tensor:
@@ -310,23 +311,22 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     L, device = schedule.block_size, model.lm_head.weight.device
     layout = plan_layout([len(p) for p in prompts], L, config.max_new_tokens)
     tokens, positions, key_valid = build_buffers(prompts, layout, schedule.mask_token_id, device)
-    # a speculative decoder's verify forward may hold more copies than its drafts (sets)
-    slots = layout.total_slots + (getattr(decoder, "verify_copies", decoder.copies) - 1) * L
+    slots = layout.total_slots + (decoder.copies - 1) * L
     slots = -(-slots // SLOT_BUCKET) * SLOT_BUCKET
     cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads, slots,
                     model.config.head_dim, model.lm_head.weight.dtype, device)
     head = (HeadCache(decoder.head, model, tokens, positions, key_valid, slots)
             if decoder.head is not None else None)
-    counters = Counters.start(decoder.copies, device)
+    counters = Counters.start(getattr(decoder, "outcomes", 1), device)  # speculative's
     if layout.prefix_slots:
         P = layout.prefix_slots
         mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])
         # `forward`, not `__call__`: a compiled backbone (`nn.Module.compile`, see
         # benchmarks/compile.py) compiles its block steps, whose shapes repeat; prefill's
         # length differs every call.
-        hidden = model.forward(tokens[:, :P], positions[:, :P], mask, cache, 0)  # (B, P, H)
+        clean_hidden = model.forward(tokens[:, :P], positions[:, :P], mask, cache, 0)  # (B, P, H)
         if head is not None:
-            head.add(hidden)
+            head.add(clean_hidden)
         counters.add_prefill(len(prompts))
     prompt_ends = (layout.pads + layout.lengths).to(device)  # (B,) first generated slot
     end_slots = prompt_ends + config.max_new_tokens  # (B,)

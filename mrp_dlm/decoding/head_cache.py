@@ -60,7 +60,7 @@ class HeadCache:
         self.cache = KVCache(head.config.num_layers, tokens.shape[0], cfg.num_kv_heads, slots,
                              cfg.head_dim, model.lm_head.weight.dtype, tokens.device)
         self.written = 0  # slots [0, written) hold the head's keys
-        self.pending: list[torch.Tensor] = []  # store hidden (B, T_i, H) of the slots after
+        self.pending: list[torch.Tensor] = []  # clean_hidden (B, T_i, H) of the slots after
         self.start, self.positions = 0, None  # the current block: first slot, (B, L) positions
         self.masks: dict[tuple[int, int], torch.Tensor] = {}  # the block's, by (first, copies)
         self.steps = self.stores = 0  # head forwards; those that only stored
@@ -69,10 +69,10 @@ class HeadCache:
     def width(self) -> int:
         return self.cache.keys.shape[3]
 
-    def add(self, hidden: torch.Tensor) -> None:
-        """The backbone's store hidden states (B, T, H) of the T slots after the pending ones
-        (the prefill's prompt blocks, or a finished block)."""
-        self.pending.append(hidden)
+    def add(self, clean_hidden: torch.Tensor) -> None:
+        """The backbone's hidden states (B, T, H) of the clean tokens in the T slots after the
+        pending ones (the prefill's prompt blocks, or a finished block's store)."""
+        self.pending.append(clean_hidden)
 
     def begin(self, start: int, positions: torch.Tensor) -> None:
         """The current block moves to slots [start, start + L) with positions (B, L)."""

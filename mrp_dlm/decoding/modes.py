@@ -11,8 +11,10 @@ from mrp_dlm.decoding.strategies import StrategyDecoder
 from mrp_dlm.decoding.veto import VetoDecoder
 from mrp_dlm.model.head import MRPHead
 
-MRP_DECODERS = {"direct": DirectDecoder, "speculative": SpeculativeDecoder,
-                "remask": RemaskDecoder}
+__all__ = ["make_decoder"]
+
+_MRP_DECODERS = {"direct": DirectDecoder, "speculative": SpeculativeDecoder,
+                 "remask": RemaskDecoder}
 
 
 def make_decoder(config: DecodeConfig, head: MRPHead | None = None) -> Decoder:
@@ -24,4 +26,4 @@ def make_decoder(config: DecodeConfig, head: MRPHead | None = None) -> Decoder:
         raise ValueError(f"mode {config.mode!r} needs an MRP head (--head DIR)")
     if config.vetoes:
         return VetoDecoder(config, head)
-    return MRP_DECODERS[config.mode](config, head)
+    return _MRP_DECODERS[config.mode](config, head)

@@ -20,7 +20,7 @@ logits of positions still masked after a (random) set of reveals. So each step:
 A step keeps at least its first reveal (the progress guarantee), and every trusted one (they
 rank first). At τ >= TRUSTED_CONFIDENCE this is dynamic decoding. With a head that predicts
 no change every check repeats the proposal's own confidence, so this is dynamic decoding
-at the same τ. The head pass costs one head forward over as many block copies as the batch
+at the same τ. The head pass costs one head forward over as many recheck blocks as the batch
 has reveals to check; sizing it is the step's one host sync (`nonzero`).
 
 Measured (docs/experiments.md, 2026-12-01): trusting the reveals above 0.9 changed no
@@ -50,9 +50,9 @@ from mrp_dlm.model.head import MRPHead
 TRUSTED_CONFIDENCE = 0.9  # reveals above it are kept unchecked (dynamic 0.9 makes them too)
 
 
-def chain_copies(block: torch.Tensor, proposal: Proposal, commit: torch.Tensor,
-                 rank: torch.Tensor, row: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-    """Block copies (N, L), one per checked reveal (row[n], at[n]): row's block with only
+def build_recheck_blocks(block: torch.Tensor, proposal: Proposal, commit: torch.Tensor,
+                         rank: torch.Tensor, row: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """Recheck blocks (N, L), one per checked reveal (row[n], at[n]): row's block with only
     the reveals ranked before that one.
 
     block, commit, rank: (B, L); proposal.tokens: (B, L); row, at: (N,) int64.
@@ -68,11 +68,12 @@ class RemaskDecoder:
         self.config, self.head = config, head
         self.sampling = sampling_of(config)
 
-    def recheck(self, context: BlockContext, copies: torch.Tensor, base: BackboneStep,
+    def recheck(self, context: BlockContext, recheck_blocks: torch.Tensor, base: BackboneStep,
                 row: torch.Tensor, at: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Probability (N,) of each checked reveal's token under A + C of its copy (N, L)."""
+        """Probability (N,) of each checked reveal's token under A + C of its recheck block
+        (N, L)."""
         model = context.model
-        accumulator = context.head.advance(copies, base.hidden[row], row)  # (N, L, H)
+        accumulator = context.head.advance(recheck_blocks, base.hidden[row], row)  # (N, L, H)
         at_reveal = accumulator[torch.arange(at.shape[0], device=at.device), at]  # (N, H)
         logits = model.logits(at_reveal)[:, None]  # (N, 1, V)
         return token_confidence(logits, tokens[:, None], context.schedule.mask_token_id,
@@ -90,8 +91,9 @@ class RemaskDecoder:
         row, at = checked.nonzero(as_tuple=True)  # (N,) each: the step's one host sync
         confirmed = torch.ones_like(commit)  # (B, L)
         if row.numel():
-            copies = chain_copies(block, proposal, commit, rank, row, at)  # (N, L)
-            rescored = self.recheck(context, copies, base, row, at, proposal.tokens[row, at])
+            recheck_blocks = build_recheck_blocks(block, proposal, commit, rank, row, at)  # (N, L)
+            rescored = self.recheck(context, recheck_blocks, base, row, at,
+                                    proposal.tokens[row, at])
             confirmed[row, at] = rescored > threshold
         return keep_consistent_prefix(commit, rank, confirmed)
 

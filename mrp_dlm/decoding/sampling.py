@@ -74,9 +74,9 @@ def map_rows(sampling: SamplingConfig,
                             for value in (getattr(sampling, f.name) for f in fields(sampling))))
 
 
-def repeat_rows(sampling: SamplingConfig, copies: int) -> SamplingConfig:
-    """sampling for a batch whose every row is repeated `copies` times in place (B*copies)."""
-    return map_rows(sampling, lambda value: value.repeat_interleave(copies))
+def repeat_rows(sampling: SamplingConfig, repeats: int) -> SamplingConfig:
+    """sampling for a batch whose every row is repeated `repeats` times in place (B*repeats)."""
+    return map_rows(sampling, lambda value: value.repeat_interleave(repeats))
 
 
 def select_rows(sampling: SamplingConfig, index: list[int] | slice) -> SamplingConfig:

@@ -180,9 +180,9 @@ def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
     rows = torch.arange(B, device=block.device)
     tokens = torch.where(moved, drafts.states[rows, index], block)  # (B, L)
     checked = index.clamp_max(v - 1)  # (B,)
-    hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, checked]  # (B, L, H)
+    base_hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, checked]  # (B, L, H)
     logits = check.logits.view(B, -1, L, check.logits.shape[-1])[rows, checked]  # (B, L, V)
-    return Advance(tokens, BackboneStep(torch.where(moved[..., None], hidden, seed.hidden),
+    return Advance(tokens, BackboneStep(torch.where(moved[..., None], base_hidden, seed.hidden),
                                         torch.where(moved[..., None], logits, seed.logits)))
 
 
@@ -204,12 +204,12 @@ class SpeculativeDecoder:
 
     def __init__(self, config: DecodeConfig, head: MRPHead | None) -> None:
         self.config, self.head = config, head
-        self.copies = config.lookahead + 1
+        self.outcomes = config.lookahead + 1  # rounds by head drafts accepted: 0..K
         self.planner = DraftPlanner(config.lookahead, config.adaptive, head is not None)
         self.sampling = sampling_of(config)
 
     @property
-    def verify_copies(self) -> int:
+    def copies(self) -> int:
         """Most block copies a verify forward holds (sizes the scratch slots): the drafts'
         and, where the planner may run candidate sets, their alternatives'."""
         return self.config.lookahead * self.planner.most_size + 1

@@ -27,7 +27,7 @@ Quota: the official fallback is one position whatever the step's n_s, and its lo
 after `steps` steps even when masks remain (it would store a block with masks in it); so
 this rule requires steps == block_size (`DecodeConfig.resolve`), where no step is short.
 
-`veto_step` is the one copy of the step: the library's `VetoDecoder` calls it, and so can the
+`veto_step` is the one definition of the step: the library's `VetoDecoder` calls it, and so can the
 serving plugin with its own head call.
 
 Deliberately not here: the chain rule (see `remask.py`), the dynamic proposal itself (see

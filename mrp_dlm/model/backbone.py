@@ -20,6 +20,10 @@ from torch import nn
 from mrp_dlm.config import BackboneConfig
 from mrp_dlm.model.cache import KVCache, LayerCache
 
+# DecoderLayer, RMSNorm and rotary_tables are the head's building blocks too (`model/head.py`
+# imports them), not API.
+__all__ = ["Backbone"]
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -44,13 +48,13 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float,
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, n, T, hd)
     return x * cos + rotated * sin
 
 
-class Attention(nn.Module):
+class _Attention(nn.Module):
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__()
         self.nh, self.nkv, self.hd = config.num_heads, config.num_kv_heads, config.head_dim
@@ -67,7 +71,7 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(B, T, self.nh, self.hd)).transpose(1, 2)  # (B, nh, T, hd)
         k = self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.hd)).transpose(1, 2)  # (B, nkv, T, hd)
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k = _apply_rotary(q, *rope), _apply_rotary(k, *rope)
         if cache is not None:
             k, v = cache.write_and_read(k, v, start, mask.shape[-1])  # (B, nkv, S, hd)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None],
@@ -75,7 +79,7 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
 
-class MLP(nn.Module):
+class _MLP(nn.Module):
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -92,9 +96,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = _Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = _MLP(config)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor, cache: LayerCache | None = None,
@@ -103,7 +107,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DecoderStack(nn.Module):
+class _DecoderStack(nn.Module):
     """`model.*` in the checkpoint: embedding, layers and the final norm."""
 
     def __init__(self, config: BackboneConfig) -> None:
@@ -119,7 +123,7 @@ class Backbone(nn.Module):
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderStack(config)
+        self.model = _DecoderStack(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

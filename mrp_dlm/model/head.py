@@ -12,7 +12,7 @@
 The head's keys and values of an earlier block come from the head run on that block's
 clean tokens with h_in = the backbone's final hidden states of that block (what the
 backbone's store forward computes); decoding keeps them in a cache of the head's own
-(`decoding/head_cache.py`), training in the tensors of a pass over the clean copy x_0
+(`decoding/head_cache.py`), training in the tensors of a pass over the clean row x_0
 (`training/head_batch.py`). This is the published MRP head: a head that sees only its
 block is a different model.
 
@@ -38,6 +38,10 @@ from torch import nn
 
 from mrp_dlm.config import BackboneConfig, HeadConfig
 from mrp_dlm.model.backbone import DecoderLayer, RMSNorm, rotary_tables
+
+# The head, what it attends to, and the protocols a caller's backbone and key store meet.
+__all__ = ["HeadAttention", "HeadBackbone", "HeadKeys", "KeyRecorder", "LayerKeys", "MRPHead",
+           "PrefixKeys", "TokenEmbedding"]
 
 
 class TokenEmbedding(Protocol):
@@ -80,7 +84,7 @@ class HeadAttention:
 
 
 @dataclass
-class RecordedLayer:
+class _RecordedLayer:
     """One head layer's keys and values of a pass, kept as plain tensors (no cache writes)."""
 
     keys: torch.Tensor | None = None  # (B, nkv, P, hd)
@@ -94,7 +98,7 @@ class RecordedLayer:
 
 
 @dataclass(frozen=True)
-class PrefixLayer:
+class _PrefixLayer:
     """One head layer's recorded prefix keys: a call attends to them and its own keys (laid
     out [prefix ; call]) and writes nothing, so autograd sees every use."""
 
@@ -107,26 +111,26 @@ class PrefixLayer:
 
 
 class KeyRecorder:
-    """Records every head layer's keys of one pass (training's pass over the clean copy x_0,
+    """Records every head layer's keys of one pass (training's pass over the clean row x_0,
     or a test's whole sequence); `prefix()` then gives them to later passes to attend to."""
 
     def __init__(self, num_layers: int) -> None:
-        self.layers = [RecordedLayer() for _ in range(num_layers)]
+        self.layers = [_RecordedLayer() for _ in range(num_layers)]
 
-    def layer(self, index: int) -> RecordedLayer:
+    def layer(self, index: int) -> _RecordedLayer:
         return self.layers[index]
 
     def prefix(self) -> "PrefixKeys":
-        return PrefixKeys([PrefixLayer(layer.keys, layer.values) for layer in self.layers])
+        return PrefixKeys([_PrefixLayer(layer.keys, layer.values) for layer in self.layers])
 
 
 @dataclass(frozen=True)
 class PrefixKeys:
     """Recorded prefix keys per head layer, read-only (see `KeyRecorder`)."""
 
-    layers: list[PrefixLayer]
+    layers: list[_PrefixLayer]
 
-    def layer(self, index: int) -> PrefixLayer:
+    def layer(self, index: int) -> _PrefixLayer:
         return self.layers[index]
 
 

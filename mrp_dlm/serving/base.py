@@ -95,14 +95,14 @@ class MrpAlgorithm(DllmAlgorithm):
         return request_context(self.pool, head, host, model_runner, forward_batch, requests)
 
     def store_blocks(self, model_runner: Any, forward_batch: Any, requests: list[int],
-                     tokens: torch.Tensor, hidden: torch.Tensor) -> None:
+                     tokens: torch.Tensor, clean_hidden: torch.Tensor) -> None:
         """The head's keys of the blocks this call reports done, in one head forward: the
-        requests' clean blocks tokens (R, L) and the hidden states (R, L, H) of the forward
+        requests' clean blocks tokens (R, L) and clean_hidden (R, L, H), the hidden states of the forward
         that wrote their clean KV, to the blocks' KV slots."""
         if not requests or self.serving.head is None:  # no head: no head keys to keep
             return
         context = self.head_context(model_runner, forward_batch, requests)
-        context.store(tokens, hidden, block_slots(model_runner, forward_batch, requests,
+        context.store(tokens, clean_hidden, block_slots(model_runner, forward_batch, requests,
                                                   self.block_size))
 
 

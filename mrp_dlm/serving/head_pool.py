@@ -153,10 +153,10 @@ class HeadContext:
             raise ValueError("the serving head steps run on every request of their context")
         return accumulator + self.residual(tokens, accumulator)
 
-    def store(self, tokens: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor) -> None:
-        """Write the head's keys of clean blocks tokens (R, L) with the store forward's
-        hidden states (R, L, H) to the pool at their KV slots (R, L)."""
-        self.residual(tokens, hidden, slots.reshape(-1).long())
+    def store(self, tokens: torch.Tensor, clean_hidden: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write the head's keys of clean blocks tokens (R, L) with clean_hidden (R, L, H), the
+        store forward's hidden states, to the pool at their KV slots (R, L)."""
+        self.residual(tokens, clean_hidden, slots.reshape(-1).long())
 
 
 def request_context(pool: HeadPool, head: MRPHead, host: HeadBackbone, model_runner: Any,

@@ -7,7 +7,7 @@ block as it was before them, and each proposal whose |C| at its token exceeds
 `decoding.veto.veto_step`, the library decoder's own step (`--mode remask --remask-rule
 paper`). The head runs on the block alone, as the official loop runs it, so this algorithm
 keeps no head keys. The chain rule (the library's default remask rule), which checks each
-reveal on a block copy of its own, runs in the library only.
+reveal on a recheck block of its own, runs in the library only.
 
 The block is done at the first forward that sees it without masks (that forward wrote its
 clean KV), exactly as `LowConfidence` finishes a block.

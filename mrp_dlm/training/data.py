@@ -190,7 +190,7 @@ class SampleGroup:
 
     start: int  # first sample index
     stop: int  # one past the last
-    weight: float  # copies per epoch: 2 takes every sample twice, 0.5 a seeded half
+    weight: float  # passes per epoch: 2 takes every sample twice, 0.5 a seeded half
 
 
 def epoch_order(groups: Sequence[SampleGroup], seed: int, epoch: int) -> list[int]:

@@ -45,7 +45,7 @@ from mrp_dlm.training.noise import NoisyBatch
 class BlockLayout:
     """Maps row tensors to the (N, L) blocks of the noisy slots and back."""
 
-    index: torch.Tensor  # (B, Tn) int64, the x_0 slot each noisy slot copies
+    index: torch.Tensor  # (B, Tn) int64, each noisy slot's source slot in x_0
     keep: torch.Tensor  # (B * Tn / L,) bool, True for blocks of a sample (not padding)
     block_size: int  # L
 
@@ -103,8 +103,8 @@ def run_blocks(backbone: Backbone, context: CleanContext, tokens: torch.Tensor) 
     """Final hidden (N, L, H) of the backbone on the blocks `tokens` (N, L), against x_0."""
     ids = context.layout.scatter(tokens, context.mask_token_id)  # (B, Tn)
     start = context.mask.shape[2] - ids.shape[1]
-    hidden = backbone(ids, context.positions, context.mask, context.cache, start)  # (B, Tn, H)
-    return context.layout.blocks(hidden)
+    base_hidden = backbone(ids, context.positions, context.mask, context.cache, start)  # (B, Tn, H)
+    return context.layout.blocks(base_hidden)
 
 
 def head_prefix(head: nn.Module, backbone: Backbone, context: CleanContext) -> PrefixKeys:
@@ -122,10 +122,10 @@ def run_head(head: nn.Module, backbone: Backbone, context: CleanContext, prefix:
     """h_C (N, L, H) of the head on the blocks `tokens` (N, L) with h_in (N, L, H),
     attending to its keys of x_0 (`prefix`) before each block and to the block itself."""
     ids = context.layout.scatter(tokens, context.mask_token_id)  # (B, Tn)
-    hidden = context.layout.scatter(hidden_in, 0)  # (B, Tn, H)
-    residual = head(backbone, ids, hidden, context.positions,
-                    HeadAttention(prefix, context.mask))  # (B, Tn, H)
-    return context.layout.blocks(residual)
+    slots_in = context.layout.scatter(hidden_in, 0)  # (B, Tn, H)
+    residual_hidden = head(backbone, ids, slots_in, context.positions,
+                           HeadAttention(prefix, context.mask))  # (B, Tn, H)
+    return context.layout.blocks(residual_hidden)
 
 
 @torch.no_grad()

@@ -131,16 +131,16 @@ def advance_blocks(backbone: Backbone, blocks: NoisyBlocks, context: CleanContex
     x_0 before it: the states `--mode dynamic/speculative --threshold τ` visits. One
     backbone pass per step up to steps.max().
     """
-    tokens, masked, hidden = blocks.tokens, blocks.masked, blocks.base_hidden
+    tokens, masked, base_hidden = blocks.tokens, blocks.masked, blocks.base_hidden
     ones = torch.ones_like(steps)
     for index in range(int(steps.max())):
-        logits = backbone.logits(hidden[masked])  # (M, V)
+        logits = backbone.logits(base_hidden[masked])  # (M, V)
         chosen, proposed = backbone_step(logits, masked, ones, threshold,
                                          backbone.config.mask_token_id)  # (N, L) each
         chosen = chosen & (index < steps)[:, None]  # (N, L)
         tokens, masked = torch.where(chosen, proposed, tokens), masked & ~chosen  # (N, L)
-        hidden = run_blocks(backbone, context, tokens)  # (N, L, H)
-    return dataclasses.replace(blocks, tokens=tokens, masked=masked, base_hidden=hidden)
+        base_hidden = run_blocks(backbone, context, tokens)  # (N, L, H)
+    return dataclasses.replace(blocks, tokens=tokens, masked=masked, base_hidden=base_hidden)
 
 
 def chain_steps(head: nn.Module, backbone: Backbone, blocks: NoisyBlocks, context: CleanContext,
@@ -159,8 +159,8 @@ def chain_steps(head: nn.Module, backbone: Backbone, blocks: NoisyBlocks, contex
         masked = masked & ~chosen  # (N, L)
         with torch.no_grad():
             next_logits = backbone.logits(run_blocks(backbone, context, tokens)[masked])  # (M, V)
-        residual = run_head(head, backbone, context, prefix, tokens, accumulator)  # (N, L, H) h_C
-        accumulator = accumulator + residual  # (N, L, H)
+        residual_hidden = run_head(head, backbone, context, prefix, tokens, accumulator)  # (N, L, H) h_C
+        accumulator = accumulator + residual_hidden  # (N, L, H)
         yield ChainStep(masked, next_logits, backbone.logits(accumulator[masked]))
         current = next_logits
 

@@ -1,6 +1,6 @@
 """The three-part training mask over [x_t ; x_0] for packed rows (True = may attend).
 
-The model runs once on the noisy copy x_t followed by the clean row x_0; a noisy token
+The model runs once on the noisy row x_t followed by the clean row x_0; a noisy token
 uses the same position as its clean twin. Within one sample:
 - a noisy block sees itself bidirectionally and the clean blocks strictly before it;
 - clean blocks are block-causal among themselves (a clean block sees itself and earlier ones);
@@ -30,9 +30,9 @@ from mrp_dlm.training.data import PackedBatch
 
 @dataclass(frozen=True)
 class NoisySlots:
-    """Which clean slots get a noisy copy in x_t, compacted to the left of each row."""
+    """Which clean slots get a noisy slot in x_t, compacted to the left of each row."""
 
-    index: torch.Tensor  # (B, Tn) int64, the x_0 slot each x_t slot copies (0 on padding)
+    index: torch.Tensor  # (B, Tn) int64, each x_t slot's source slot in x_0 (0 on padding)
     valid: torch.Tensor  # (B, Tn) bool, False on padding slots
 
 
@@ -47,7 +47,7 @@ class DualInputs:
 
 def all_noisy_slots(batch_size: int, seq_len: int,
                     device: torch.device | str = "cpu") -> NoisySlots:
-    """Every clean slot gets a noisy copy: x_t is the whole row."""
+    """Every clean slot gets a noisy slot: x_t is the whole row."""
     index = torch.arange(seq_len, device=device).expand(batch_size, -1)  # (B, T)
     return NoisySlots(index=index, valid=torch.ones_like(index, dtype=torch.bool))
 

@@ -8,7 +8,7 @@ A data spec is a comma-separated list of sources, each with an optional `@WEIGHT
 - a folder: a `datasets` folder (`save_to_disk`) when it holds one, else every data file
   in it (an `mrp distill` output folder, say);
 - `task:NAME`: a built-in task's train split (`train_examples` problems).
-The weight is the source's copies per epoch (see `data.epoch_order`): 2 takes each sample
+The weight is the source's passes per epoch (see `data.epoch_order`): 2 takes each sample
 twice, 0.5 a seeded half, so the mix is a pure function of seed and step.
 
 Every file row is read, rendered and tokenized once at the start (the index pass: only the
@@ -54,7 +54,7 @@ class Source:
 
     task: str | None  # built-in task name, or None for files
     paths: tuple[Path, ...]  # data files or dataset folders (empty for a task)
-    weight: float  # copies per epoch
+    weight: float  # passes per epoch
 
 
 def expand(pattern: str) -> tuple[Path, ...]:

@@ -223,7 +223,7 @@ def test_adaptive_sets_equal_the_rule_and_measure_hits():
     decoder.planner.costs[len(run.prompts)] = RoundCosts(head_step=0.0, copy=0.0)
     first = generate(model, run.prompts, config, decoder)  # scratch for sets of 1: sized
     assert decoder.planner.most_size > 1  # for the set chosen, from the next call on
-    assert decoder.verify_copies == 3 * decoder.planner.most_size + 1
+    assert decoder.copies == 3 * decoder.planner.most_size + 1
     result = generate(model, run.prompts, config, decoder)
     assert first.token_ids == result.token_ids == run.result.token_ids
     measured = sum(s.rejected for s in decoder.planner.spares.values())
