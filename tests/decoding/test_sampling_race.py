@@ -24,7 +24,7 @@ from mrp_dlm.decoding import sampling as sampling_module
 from mrp_dlm.decoding.race import (MASK32, mix32, mix32_wrapping_, race, race_screened,
                                    token_keys, uniform_noise)
 from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
-                                       top_candidates, truncate, unsettled_tokens)
+                                       top_candidates, truncate)
 
 
 def pinned_uniform_noise(seed, positions, draw, vocab):
@@ -51,6 +51,19 @@ def case(V, scale, B=2, L=5, seed=0, temperature=0.7, **knobs):
     positions = torch.arange(L)[None] + torch.tensor([[3], [40]])[:B]  # (B, L)
     draw = torch.tensor([0, 3])[:B]  # (B,)
     return full_distribution(logits, V - 1, sampling), sampling, positions, draw
+
+
+def rows_passed(monkeypatch, name: str) -> list[int]:
+    """Wraps `sampling.<name>`: the list it returns collects the rows of each call's first
+    argument."""
+    original, rows = getattr(sampling_module, name), []
+
+    def counted(probs, *args):
+        rows.append(probs.shape[0])
+        return original(probs, *args)
+
+    monkeypatch.setattr(sampling_module, name, counted)
+    return rows
 
 
 def test_int32_hash_is_the_int64_hash_bit_for_bit():
@@ -168,13 +181,7 @@ def test_a_split_tie_that_wins_takes_the_dense_truncate(V, monkeypatch):
     logits = torch.zeros(2, 8, V)
     logits[..., ::2] = 4.0  # (B, L, V) half the tokens share the top value
     probs = full_distribution(logits, V - 1, sampling)
-    calls = []
-
-    def counted(probs, top_k, top_p):
-        calls.append(probs.shape[0])
-        return truncate(probs, top_k, top_p)
-
-    monkeypatch.setattr(sampling_module, "truncate", counted)
+    calls = rows_passed(monkeypatch, "truncate")
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()
     assert calls  # the dense fallback ran
@@ -191,13 +198,7 @@ def test_an_uncertain_nucleus_takes_the_dense_truncate(monkeypatch):
 
 def test_winners_outside_the_nucleus_take_the_floor(monkeypatch):
     probs, sampling, positions, draw = case(20_011, 0.5, L=16, seed=3, top_p=0.8)
-    rows = []
-
-    def counted(probs, keys, sampling):
-        rows.append(probs.shape[0])
-        return unsettled_tokens(probs, keys, sampling)
-
-    monkeypatch.setattr(sampling_module, "unsettled_tokens", counted)
+    rows = rows_passed(monkeypatch, "unsettled_tokens")
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()
     assert len(rows) == 1 and 0 < rows[0] < 32  # some rows, not all
