@@ -43,7 +43,7 @@ from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.decoding.speculative import SpeculativeDecoder  # noqa: E402
 from mrp_dlm.decoding.stats import DecodeStats  # noqa: E402
 from mrp_dlm.eval import provenance  # noqa: E402
-from mrp_dlm.eval.tasks.registry import get_task  # noqa: E402
+from mrp_dlm.tasks.registry import get_task  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
 
 LOOKAHEAD = 3
