@@ -6,8 +6,8 @@ Each `run()` does one forward in which every request has one or more rows:
 - any other request (a fresh block, a finished block to store, or one whose scratch rows
   or slots ran short: the one-row static fallback) forwards its accepted state alone.
 Then the round runs batched over all requests, on the device, in the library's phases
-(`decoding/round.py`): accept and seed (the rule's step on every row, one
-`count_accepted` over the requests' chains padded to the longest; request b accepts
+(`decoding/round.py`): accept and seed (the rule's step on each candidate followed by
+another, one `count_accepted` over the requests' chains padded to the longest; request b accepts
 n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft (one
 chain for the requests with masks left, read on the host so that done blocks cost no head
 steps: S_1, the backbone's own threshold step, is accepted at once, and the own row
@@ -89,7 +89,9 @@ class Chains:
     rows: torch.Tensor  # (N, L) the forward's rows, each request's own row last
     index: torch.Tensor  # (B, M) int64, the row of each candidate; [:, -1]: the own row
     valid: torch.Tensor  # (B, M) bool, a candidate that may be accepted (S_1 always)
-    owner: torch.Tensor  # (N,) int64, the request of each row
+    stepped: torch.Tensor  # (E,) int64, the rows with a successor: S_1 .. S_{m-1} of each
+    owner: torch.Tensor  # (E,) int64, the request of each stepped row
+    step_of: torch.Tensor  # (B, M - 1) int64, the entry of `stepped` of each predecessor
 
     @classmethod
     def of(cls, rounds: list[Round]) -> "Chains":
@@ -102,8 +104,16 @@ class Chains:
         valid = torch.cat([r.valid for r in rounds])[index]  # (B, M)
         valid = valid & (depth[None] < counts[:, None]).to(device)  # (B, M)
         valid[:, 0] = True  # S_1 is the accepted state: the rule's own step
-        owner = torch.repeat_interleave(torch.arange(len(rounds)), counts).to(device)  # (N,)
-        return cls(rows, index, valid, owner)
+        # Only a candidate followed by another needs the rule's step (an own row never
+        # does): the steps are taken on those E rows alone, known here from the sizes.
+        has_next = depth[None, :-1] < (counts - 1)[:, None]  # (B, M - 1)
+        firsts = (counts - 1).cumsum(0) - (counts - 1)  # (B,) each request's first entry
+        step_of = torch.where(has_next, firsts[:, None] + depth[None, :-1], 0)  # (B, M - 1)
+        own = torch.zeros(rows.shape[0], dtype=torch.bool)  # (N,) on the host: no device read
+        own[starts + counts - 1] = True
+        stepped = (~own).nonzero()[:, 0]  # (E,)
+        owner = torch.repeat_interleave(torch.arange(len(rounds)), counts - 1)  # (E,)
+        return cls(rows, index, valid, stepped.to(device), owner.to(device), step_of.to(device))
 
 
 @dataclass(frozen=True)
@@ -231,12 +241,13 @@ class MrpSpeculative(MrpAlgorithm):
             accepted = torch.ones(B, dtype=torch.long, device=chains.rows.device)  # (B,)
             return Settled(accepted, chains.rows, BackboneStep(hidden, logits), eligible,
                            ~eligible.any(dim=1))
-        owner = chains.owner  # some request verifies drafts: the rule's step on every row
-        eligible = (chains.rows == self.mask_id) & ~prompt[owner]  # (N, L)
-        steps = rule_steps(logits, chains.rows, eligible, self.mask_id, positions[owner],
-                           self.threshold, select_rows(sampling, owner))  # (N, L)
+        owner = chains.owner  # some request verifies: the rule's step on S_1 .. S_{m-1}
+        states = chains.rows[chains.stepped]  # (E, L)
+        eligible = (states == self.mask_id) & ~prompt[owner]  # (E, L)
+        steps = rule_steps(logits[chains.stepped], states, eligible, self.mask_id,
+                           positions[owner], self.threshold, select_rows(sampling, owner))
         accepted = count_accepted(chains.rows[chains.index], chains.valid,
-                                  steps[chains.index[:, :-1]])  # (B,)
+                                  steps[chains.step_of])  # (B,)
         seed_rows = chains.index.gather(1, (accepted - 1)[:, None])[:, 0]  # (B,)
         block = chains.rows[seed_rows]  # (B, L)
         eligible = (block == self.mask_id) & ~prompt  # (B, L)

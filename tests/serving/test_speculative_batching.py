@@ -95,3 +95,33 @@ def test_one_accept_and_two_host_reads_per_forward(tmp_path, monkeypatch, thresh
     assert reads["mrp_dlm/serving/speculative.py"] == 2 * forwards, reads
     assert reads["mrp_dlm/decoding/round.py"] == 0, reads
     assert reads["mrp_dlm/decoding/speculative.py"] <= forwards * (lookahead + 1), reads
+
+
+def test_the_accept_steps_only_candidates_with_a_successor(monkeypatch):
+    """The accept takes the rule's step on S_1 .. S_{m-1} of each verifying request only:
+    never on an own row (its S_m has no successor) nor on a one-row request's row."""
+    block_size, threshold = 4, 0.2
+    model = backbone(5, block_size, True)
+    prompts = rule_prompts(5, block_size, True, threshold)
+    runner = FakeRunner(model, block_size, model_parts=SimpleNamespace(
+        mrp_host=host_of_model(model), mrp_head=None))
+    algorithm = plugin.MrpSpeculative(dllm_config("MrpSpeculative", block_size, lookahead=3,
+                                                  threshold=threshold, adaptive=False))
+    stepped, requests = [], []
+    rule_steps, run = plugin.rule_steps, algorithm.run
+
+    def counted_steps(logits, states, *args):
+        stepped.append(states.shape[0])
+        return rule_steps(logits, states, *args)
+
+    def counted_run(model_runner, forward_batch, algo_states=None):
+        requests.append(forward_batch.batch_size)
+        return run(model_runner, forward_batch, algo_states)
+
+    monkeypatch.setattr(plugin, "rule_steps", counted_steps)
+    monkeypatch.setattr(algorithm, "run", counted_run)
+    got = serve(runner, algorithm, prompts, MAX_NEW[block_size], MASK)
+    monkeypatch.undo()
+    assert tuple(tuple(r) for r in got) == low_confidence(5, block_size, True, threshold)[0]
+    assert len(requests) == runner.forwards and len(stepped) > 0
+    assert sum(stepped) == runner.rows - sum(requests) > 0, (sum(stepped), runner.rows)
