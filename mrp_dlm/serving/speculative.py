@@ -6,12 +6,14 @@ Each `run()` does one forward in which every request has one or more rows:
 - any other request (a fresh block, a finished block to store, or one whose scratch rows
   or slots ran short: the one-row static fallback) forwards its accepted state alone.
 Then the round runs batched over all requests, on the device, in the library's phases
-(`decoding/round.py`): accept and seed (the rule's step on every row, one
-`count_accepted` over the requests' chains padded to the longest; request b accepts
-n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft (one
-chain for the requests with masks left, read on the host so that done blocks cost no head
-steps: S_1, the backbone's own threshold step, is accepted at once, and the own row
-carries S_m next round, m <= M: drafting stops once no request has a mask left). So a
+(`decoding/round.py`): accept and seed (the rule's step on each candidate followed by
+another, one `count_accepted` over the requests' chains padded to the longest; request b
+accepts n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft
+(one chain for the requests with masks left, read on the host so that done blocks cost no
+head steps, and only as many as the request-table rows and KV slots free now can verify
+next call: on a full pool, as on a CPU server at its running-request cap, drafts would
+only fall back; S_1, the backbone's own threshold step, is accepted at once, and the own
+row carries S_m next round, m <= M: drafting stops once no request has a mask left). So a
 request without scratch rows still advances one exact threshold step per forward.
 A block is done when its accepted state has no masks left AND its own row forwarded
 exactly that state (so the clean KV sits in the block's real slots; the head's keys of
@@ -60,7 +62,7 @@ from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
 from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.stats import stats_of
-from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
+from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve, room
 
 
 @dataclass
@@ -89,7 +91,9 @@ class Chains:
     rows: torch.Tensor  # (N, L) the forward's rows, each request's own row last
     index: torch.Tensor  # (B, M) int64, the row of each candidate; [:, -1]: the own row
     valid: torch.Tensor  # (B, M) bool, a candidate that may be accepted (S_1 always)
-    owner: torch.Tensor  # (N,) int64, the request of each row
+    stepped: torch.Tensor  # (E,) int64, the rows with a successor: S_1 .. S_{m-1} of each
+    owner: torch.Tensor  # (E,) int64, the request of each stepped row
+    step_of: torch.Tensor  # (B, M - 1) int64, the entry of `stepped` of each predecessor
 
     @classmethod
     def of(cls, rounds: list[Round]) -> "Chains":
@@ -102,8 +106,16 @@ class Chains:
         valid = torch.cat([r.valid for r in rounds])[index]  # (B, M)
         valid = valid & (depth[None] < counts[:, None]).to(device)  # (B, M)
         valid[:, 0] = True  # S_1 is the accepted state: the rule's own step
-        owner = torch.repeat_interleave(torch.arange(len(rounds)), counts).to(device)  # (N,)
-        return cls(rows, index, valid, owner)
+        # Only a candidate followed by another needs the rule's step (an own row never
+        # does): the steps are taken on those E rows alone, known here from the sizes.
+        has_next = depth[None, :-1] < (counts - 1)[:, None]  # (B, M - 1)
+        firsts = (counts - 1).cumsum(0) - (counts - 1)  # (B,) each request's first entry
+        step_of = torch.where(has_next, firsts[:, None] + depth[None, :-1], 0)  # (B, M - 1)
+        own = torch.zeros(rows.shape[0], dtype=torch.bool)  # (N,) on the host: no device read
+        own[starts + counts - 1] = True
+        stepped = (~own).nonzero()[:, 0]  # (E,)
+        owner = torch.repeat_interleave(torch.arange(len(rounds)), counts - 1)  # (E,)
+        return cls(rows, index, valid, stepped.to(device), owner.to(device), step_of.to(device))
 
 
 @dataclass(frozen=True)
@@ -169,9 +181,10 @@ class MrpSpeculative(MrpAlgorithm):
         verdicts = torch.cat([settled.eligible.any(dim=1)[:, None], settled.accepted[:, None],
                               chains.valid], dim=1).long().tolist()  # host read 1: the verdicts
         self.record(rounds, verdicts)  # before the plan, which reads the acceptance
+        plan = self.planner.plan(bucket)
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
-                                 self.planner.plan(bucket), timer,
-                                 [i for i, row in enumerate(verdicts) if row[0]])
+                                 plan, timer, [i for i, row in enumerate(verdicts) if row[0]],
+                                 room(model_runner, len(plan), L))
         ids = drafted.last.reshape(-1).to(forward_batch.input_ids.dtype)  # (B*L,)
         forward_batch.input_ids.copy_(ids)
         read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None]],
@@ -231,12 +244,13 @@ class MrpSpeculative(MrpAlgorithm):
             accepted = torch.ones(B, dtype=torch.long, device=chains.rows.device)  # (B,)
             return Settled(accepted, chains.rows, BackboneStep(hidden, logits), eligible,
                            ~eligible.any(dim=1))
-        owner = chains.owner  # some request verifies drafts: the rule's step on every row
-        eligible = (chains.rows == self.mask_id) & ~prompt[owner]  # (N, L)
-        steps = rule_steps(logits, chains.rows, eligible, self.mask_id, positions[owner],
-                           self.threshold, select_rows(sampling, owner))  # (N, L)
+        owner = chains.owner  # some request verifies: the rule's step on S_1 .. S_{m-1}
+        states = chains.rows[chains.stepped]  # (E, L)
+        eligible = (states == self.mask_id) & ~prompt[owner]  # (E, L)
+        steps = rule_steps(logits[chains.stepped], states, eligible, self.mask_id,
+                           positions[owner], self.threshold, select_rows(sampling, owner))
         accepted = count_accepted(chains.rows[chains.index], chains.valid,
-                                  steps[chains.index[:, :-1]])  # (B,)
+                                  steps[chains.step_of])  # (B,)
         seed_rows = chains.index.gather(1, (accepted - 1)[:, None])[:, 0]  # (B,)
         block = chains.rows[seed_rows]  # (B, L)
         eligible = (block == self.mask_id) & ~prompt  # (B, L)
@@ -246,19 +260,23 @@ class MrpSpeculative(MrpAlgorithm):
 
     def draft_all(self, model_runner, forward_batch, settled: Settled, positions: torch.Tensor,
                   sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer,
-                  requests: list[int]) -> "Drafted":
+                  masked: list[int], budget: int) -> "Drafted":
         """Draft 1 (the backbone's own step on the seed, accepted at once: even a request
         that never gets scratch rows advances one step per forward) and the plan's later
-        drafts, in one batched chain over `requests`, those with masks left (a done block
-        or a store costs no head steps)."""
+        drafts, in one batched chain over the first `budget` of `masked`, the requests with
+        masks left: the rows and slots free now verify that many next call (a done block, a
+        store, or drafts that would find no rows cost no head steps). The other masked
+        requests take the rule's own step."""
         B = settled.block.shape[0]
         none = torch.zeros(B, dtype=torch.bool, device=settled.block.device)  # (B,)
-        if not plan:  # the rule's own step, as LowConfidence takes it
-            first = rule_steps(settled.seed.logits, settled.block, settled.eligible,
-                               self.mask_id, positions, self.threshold, sampling)  # (B, L)
-            return Drafted(first, first, none)
-        if not requests:
+        if not masked:
             return Drafted(settled.block, settled.block, none)
+        requests = masked[:budget] if plan else []
+        own = settled.block if len(requests) == len(masked) else rule_steps(
+            settled.seed.logits, settled.block, settled.eligible, self.mask_id, positions,
+            self.threshold, sampling)  # (B, L) the rule's own step, as LowConfidence's
+        if not requests:
+            return Drafted(own, own, none)
         timer.start()
         index = torch.tensor(requests, device=settled.block.device)  # (R,)
         context = self.head_context(model_runner, forward_batch, requests) \
@@ -268,7 +286,7 @@ class MrpSpeculative(MrpAlgorithm):
         drafts = draft(context, self.model_parts(model_runner)[1], seed, rows, plan,
                        self.threshold, select_rows(sampling, index))  # (R, m, L)
         self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
-        first = settled.block.index_copy(0, index, drafts.states[:, 0])  # (B, L)
+        first = own.index_copy(0, index, drafts.states[:, 0])  # (B, L)
         if drafts.states.shape[1] == 1:
             return Drafted(first, first, none)
         return Drafted(first, settled.block.index_copy(0, index, drafts.states[:, -1]),
