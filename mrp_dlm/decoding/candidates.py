@@ -20,10 +20,12 @@ S_j's verify slice, which `accept` reads anyway) is kept as S_{j+1}: the row adv
 state more, and that alternative's verify slice seeds the next round. Exact by the same
 argument as every draft: a kept state is the backbone's own step on the state before it.
 
-Whether the alternatives would have stood is known in every round, including rounds that
-do not verify them (the backbone's step on S_j is there either way), so the planner
-(`drafting.DraftPlanner.set_size`) reads their hit rates at no cost and sizes the set from
-them and the measured cost of a verify copy.
+Whether the alternatives would have stood is known in every round that builds them,
+including rounds that do not verify them (the backbone's step on S_j is there either way),
+so the planner (`drafting.DraftPlanner.set_size`) reads their hit rates with no forward and
+sizes the set from them and the measured cost of a verify copy. They are built only where
+a set could pay if every alternative hit (`DraftPlanner.may_set`): where a verify copy
+costs more than any rescue could save, as on a CPU, a round builds and counts none.
 
 Deliberately not here: the drafts themselves and their acceptance (`speculative.py`), the
 costs and the plan (`drafting.py`).

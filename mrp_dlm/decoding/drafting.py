@@ -31,7 +31,7 @@ lookahead from the head (self-drafts without one).
 Given the plan, the planner also sizes the round's candidate sets (`candidates.py`: each
 later draft with up to 3 alternatives, as extra verify copies): from each source's
 measured acceptance, the measured share of its rejections an alternative slot would have
-caught (`SpareHits`, counted every round) and the copy cost, taken from rounds with that
+caught (`SpareHits`, counted in the rounds where a set could pay, `may_set`) and the copy cost, taken from rounds with that
 set size once TIMING_REPEATS of them are timed (a wider verify and its wider scratch can
 cost more per copy than the probe's). Not adaptive: size 1 (none).
 
@@ -279,13 +279,30 @@ class DraftPlanner:
             return self.forced_size
         if not self.adaptive or key not in self.costs or not plan:
             return 1
-        rates = [self.acceptance[source].rate(depth) for depth, source in enumerate(plan)]
         rescues = [[self.spares[source].rescue(size) for size in range(1, MOST_CANDIDATES + 1)]
                    for source in plan]
-        copy_costs = {size: self.set_copy(key, len(plan), size)
-                      for size in range(2, MOST_CANDIDATES + 1)}
-        self.chosen[key] = best_size(rates, rescues, copy_costs)
+        self.chosen[key] = best_size(self.plan_rates(plan), rescues, self.copy_costs(key, plan))
         return self.chosen[key]
+
+    def may_set(self, key: int, plan: tuple[str, ...]) -> bool:
+        """Whether a round with `plan` builds its drafts' alternatives (and so counts their
+        hits): with a forced set, or, adaptive with learnt costs, where some set would pay if
+        every alternative hit. Elsewhere no hit rate could make a set pay, so none is built."""
+        if self.forced_size is not None:
+            return self.forced_size > 1
+        if not self.adaptive or key not in self.costs or not plan:
+            return False
+        certain = [[1.0] * MOST_CANDIDATES for _ in plan]
+        return best_size(self.plan_rates(plan), certain, self.copy_costs(key, plan)) > 1
+
+    def plan_rates(self, plan: tuple[str, ...]) -> list[float]:
+        """The measured acceptance of each of `plan`'s drafts at its depth."""
+        return [self.acceptance[source].rate(depth) for depth, source in enumerate(plan)]
+
+    def copy_costs(self, key: int, plan: tuple[str, ...]) -> dict[int, float]:
+        """Set size c > 1 -> one alternative's verify copy cost in a round of `plan`."""
+        return {size: self.set_copy(key, len(plan), size)
+                for size in range(2, MOST_CANDIDATES + 1)}
 
     def set_copy(self, key: int, drafts: int, size: int) -> float:
         """What one alternative's verify copy costs in a round of `drafts` later drafts and

@@ -230,7 +230,7 @@ class SpeculativeDecoder:
                       enabled=probe is not None or self.planner.times_sets(B, size, copies))
         timer.start()
         drafts = draft(context.head, context.model, step.base, rows, plan, threshold,
-                       self.sampling, spares=self.planner.adaptive or size > 1)
+                       self.sampling, spares=size > 1 or self.planner.may_set(B, plan))
         draft_seconds = timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
         if v == 0 or (m == 1 and probe is None):  # no later draft: the rule's own step, as

@@ -119,6 +119,25 @@ def test_set_size_follows_measured_hits_and_copy_cost(rates, hits, copy, want):
     assert planner.set_size(1, plan) == 3 == planner.most_size
 
 
+@pytest.mark.parametrize("rate,copy,want", [
+    (0.5, 0.4, False),  # CPU-like copies: even alternatives that always hit cost more
+    (0.5, 0.02, True),  # GPU-like copies: a set could pay, so hits are counted
+])
+def test_alternatives_are_built_only_where_a_set_could_pay(rate, copy, want):
+    planner = DraftPlanner(lookahead=3, adaptive=True)
+    plan = (HEAD,) * 3
+    assert not planner.may_set(1, plan)  # costs not learnt yet
+    planner.costs[1] = RoundCosts(head_step=0.1, copy=copy)
+    for depth in range(3):
+        planner.acceptance[HEAD].add(depth, 1000, round(1000 * rate))
+    assert planner.may_set(1, plan) == want
+    assert not planner.may_set(1, ())  # no later draft
+    planner.forced_size = 2
+    assert planner.may_set(1, plan)
+    planner.forced_size = 1
+    assert not planner.may_set(1, plan)
+    assert not DraftPlanner(lookahead=3, adaptive=False).may_set(1, plan)
+
 def test_set_size_follows_the_timed_cost_of_rounds_with_sets():
     # The probe's copy cost says sets pay; rounds with them, once timed, say they do not
     # (their wider verify costs 0.3 forwards per alternative): each size is tried until
