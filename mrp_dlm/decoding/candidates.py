@@ -136,17 +136,11 @@ def keep_rescued(advance: Advance, found: Alternatives, rescue: Rescue, size: in
     whose copies from `first` on are `copies(found, size)`.
     """
     rescued, slot = rescue.slot(size)  # (B,), (B,)
-    B, L = advance.tokens.shape
-    rows = torch.arange(B, device=slot.device)  # (B,)
+    rows = torch.arange(advance.tokens.shape[0], device=slot.device)  # (B,)
     index = first + rescue.depth * (size - 1) + slot  # (B,) copy of the kept alternative
     tokens = torch.where(rescued[:, None], found.states[rows, rescue.depth, slot],
                          advance.tokens)  # (B, L)
-    base_hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, index]  # (B, L, H)
-    logits = check.logits.view(B, -1, L, check.logits.shape[-1])[rows, index]  # (B, L, V)
-    keep = rescued[:, None, None]  # (B, 1, 1)
-    seed = BackboneStep(torch.where(keep, base_hidden, advance.base.hidden),
-                        torch.where(keep, logits, advance.base.logits))
-    return Advance(tokens, seed), rescued
+    return Advance(tokens, check.copy_or(index, rescued, advance.base)), rescued
 
 
 @dataclass

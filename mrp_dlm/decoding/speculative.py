@@ -173,17 +173,12 @@ def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
 
     A row whose S_n was not verified (n = m > v) has no mask left: its seed is never used.
     """
-    B, M, L = drafts.states.shape
-    v = drafts.verified
     index = (accepted - 1).clamp_min(0)  # (B,)
-    moved = (accepted > 0)[:, None]  # (B, 1)
-    rows = torch.arange(B, device=block.device)
-    tokens = torch.where(moved, drafts.states[rows, index], block)  # (B, L)
-    checked = index.clamp_max(v - 1)  # (B,)
-    base_hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, checked]  # (B, L, H)
-    logits = check.logits.view(B, -1, L, check.logits.shape[-1])[rows, checked]  # (B, L, V)
-    return Advance(tokens, BackboneStep(torch.where(moved[..., None], base_hidden, seed.hidden),
-                                        torch.where(moved[..., None], logits, seed.logits)))
+    moved = accepted > 0  # (B,)
+    rows = torch.arange(block.shape[0], device=block.device)
+    tokens = torch.where(moved[:, None], drafts.states[rows, index], block)  # (B, L)
+    checked = index.clamp_max(drafts.verified - 1)  # (B,)
+    return Advance(tokens, check.copy_or(checked, moved, seed))
 
 
 @dataclass(frozen=True)

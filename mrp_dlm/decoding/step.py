@@ -31,6 +31,19 @@ class BackboneStep:
     hidden: torch.Tensor  # (B, L, H) final hidden states (base_hidden)
     logits: torch.Tensor  # (B, L, V) float32 same-position logits (base_logits)
 
+    def copy_or(self, index: torch.Tensor, keep: torch.Tensor,
+                other: "BackboneStep") -> "BackboneStep":
+        """Of a forward over several block copies per row (hidden (B, n*L, H), logits
+        (B, n*L, V)): each row's copy `index` (B,) where `keep` (B,) bool, else `other`'s
+        row (B, L, ·)."""
+        B, L = other.logits.shape[:2]
+        rows = torch.arange(B, device=index.device)  # (B,)
+        hidden = self.hidden.view(B, -1, L, self.hidden.shape[-1])[rows, index]  # (B, L, H)
+        logits = self.logits.view(B, -1, L, self.logits.shape[-1])[rows, index]  # (B, L, V)
+        keep = keep[:, None, None]  # (B, 1, 1)
+        return BackboneStep(torch.where(keep, hidden, other.hidden),
+                            torch.where(keep, logits, other.logits))
+
 
 @dataclass(frozen=True)
 class BlockRows:
