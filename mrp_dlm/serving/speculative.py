@@ -7,13 +7,11 @@ Each `run()` does one forward in which every request has one or more rows:
   or slots ran short: the one-row static fallback) forwards its accepted state alone.
 Then the round runs batched over all requests, on the device, in the library's phases
 (`decoding/round.py`): accept and seed (the rule's step on each candidate followed by
-another, one `count_accepted` over the requests' chains padded to the longest; request b
-accepts n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft
-(one chain for the requests with masks left, read on the host so that done blocks cost no
-head steps, and only as many as the request-table rows and KV slots free now can verify
-next call: on a full pool, as on a CPU server at its running-request cap, drafts would
-only fall back; S_1, the backbone's own threshold step, is accepted at once, and the own
-row carries S_m next round, m <= M: drafting stops once no request has a mask left). So a
+another, one `count_accepted` over the requests' chains padded to the longest; request b accepts
+n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft (one
+chain for the requests with masks left, read on the host so that done blocks cost no head
+steps: S_1, the backbone's own threshold step, is accepted at once, and the own row
+carries S_m next round, m <= M: drafting stops once no request has a mask left). So a
 request without scratch rows still advances one exact threshold step per forward.
 A block is done when its accepted state has no masks left AND its own row forwarded
 exactly that state (so the clean KV sits in the block's real slots; the head's keys of
@@ -62,7 +60,7 @@ from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
 from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.stats import stats_of
-from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve, room
+from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
 
 
 @dataclass
@@ -181,10 +179,9 @@ class MrpSpeculative(MrpAlgorithm):
         verdicts = torch.cat([settled.eligible.any(dim=1)[:, None], settled.accepted[:, None],
                               chains.valid], dim=1).long().tolist()  # host read 1: the verdicts
         self.record(rounds, verdicts)  # before the plan, which reads the acceptance
-        plan = self.planner.plan(bucket)
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
-                                 plan, timer, [i for i, row in enumerate(verdicts) if row[0]],
-                                 room(model_runner, len(plan), L))
+                                 self.planner.plan(bucket), timer,
+                                 [i for i, row in enumerate(verdicts) if row[0]])
         ids = drafted.last.reshape(-1).to(forward_batch.input_ids.dtype)  # (B*L,)
         forward_batch.input_ids.copy_(ids)
         read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None]],
@@ -260,23 +257,19 @@ class MrpSpeculative(MrpAlgorithm):
 
     def draft_all(self, model_runner, forward_batch, settled: Settled, positions: torch.Tensor,
                   sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer,
-                  masked: list[int], budget: int) -> "Drafted":
+                  requests: list[int]) -> "Drafted":
         """Draft 1 (the backbone's own step on the seed, accepted at once: even a request
         that never gets scratch rows advances one step per forward) and the plan's later
-        drafts, in one batched chain over the first `budget` of `masked`, the requests with
-        masks left: the rows and slots free now verify that many next call (a done block, a
-        store, or drafts that would find no rows cost no head steps). The other masked
-        requests take the rule's own step."""
+        drafts, in one batched chain over `requests`, those with masks left (a done block
+        or a store costs no head steps)."""
         B = settled.block.shape[0]
         none = torch.zeros(B, dtype=torch.bool, device=settled.block.device)  # (B,)
-        if not masked:
-            return Drafted(settled.block, settled.block, none)
-        requests = masked[:budget] if plan else []
-        own = settled.block if len(requests) == len(masked) else rule_steps(
-            settled.seed.logits, settled.block, settled.eligible, self.mask_id, positions,
-            self.threshold, sampling)  # (B, L) the rule's own step, as LowConfidence's
+        if not plan:  # the rule's own step, as LowConfidence takes it
+            first = rule_steps(settled.seed.logits, settled.block, settled.eligible,
+                               self.mask_id, positions, self.threshold, sampling)  # (B, L)
+            return Drafted(first, first, none)
         if not requests:
-            return Drafted(own, own, none)
+            return Drafted(settled.block, settled.block, none)
         timer.start()
         index = torch.tensor(requests, device=settled.block.device)  # (R,)
         context = self.head_context(model_runner, forward_batch, requests) \
@@ -286,7 +279,7 @@ class MrpSpeculative(MrpAlgorithm):
         drafts = draft(context, self.model_parts(model_runner)[1], seed, rows, plan,
                        self.threshold, select_rows(sampling, index))  # (R, m, L)
         self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
-        first = own.index_copy(0, index, drafts.states[:, 0])  # (B, L)
+        first = settled.block.index_copy(0, index, drafts.states[:, 0])  # (B, L)
         if drafts.states.shape[1] == 1:
             return Drafted(first, first, none)
         return Drafted(first, settled.block.index_copy(0, index, drafts.states[:, -1]),

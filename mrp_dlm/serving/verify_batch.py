@@ -62,23 +62,13 @@ class Scratch:
         self.reservations = []
 
 
-def room(runner, count: int, block_size: int) -> int:
-    """How many requests `reserve` could give `count` extra rows each from what is free
-    now (request-table rows and KV slots)."""
-    pool, allocator = runner.req_to_token_pool, runner.token_to_kv_pool_allocator
-    if count == 0 or count * block_size % getattr(allocator, "page_size", 1):
-        return 0
-    return min(pool.available_size() // count,
-               allocator.available_size() // (count * block_size))
-
-
 def reserve(scratch: Scratch, forward_batch, request: int, count: int, block_size: int
             ) -> Reservation | None:
     """`count` extra rows for `request` with the prefix copied in, or None when rows or
     slots run short (nothing is kept then)."""
-    if not room(scratch.runner, count, block_size):
-        return None
     pool, allocator = scratch.runner.req_to_token_pool, scratch.runner.token_to_kv_pool_allocator
+    if count * block_size % getattr(allocator, "page_size", 1):
+        return None
     rows = pool.alloc_rows(count)
     if rows is None:
         return None

@@ -125,30 +125,3 @@ def test_the_accept_steps_only_candidates_with_a_successor(monkeypatch):
     assert tuple(tuple(r) for r in got) == low_confidence(5, block_size, True, threshold)[0]
     assert len(requests) == runner.forwards and len(stepped) > 0
     assert sum(stepped) == runner.rows - sum(requests) > 0, (sum(stepped), runner.rows)
-
-
-def test_drafts_only_what_free_rows_can_verify(tmp_path, monkeypatch):
-    """With rows free for one request's drafts at a time, the others take the rule's own
-    step instead of drafting: no drafts are made that next call must throw away (before,
-    every request drafted and all but one fell back), and the output is LowConfidence's."""
-    block_size, model = 4, backbone(0, 4, False)
-    head_dir = saved_head(tmp_path, model, MRPHead(model.config, HeadConfig(num_layers=1)))
-    runner = runner_with_head(model, block_size, head_dir)
-    prompts = rule_prompts(0, 4, False)
-    taken = runner.req_to_token_pool.alloc_rows(runner.free_rows - len(prompts) - 2)
-    algorithm = plugin.MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=head_dir,
-                                                  lookahead=2, threshold=1.0, adaptive=False))
-    granted, refused = [], []
-    reserve = plugin.reserve
-
-    def counted_reserve(*args):
-        item = reserve(*args)
-        (refused if item is None else granted).append(args[2])
-        return item
-
-    monkeypatch.setattr(plugin, "reserve", counted_reserve)
-    got = serve(runner, algorithm, prompts, MAX_NEW[4], MASK)
-    monkeypatch.undo()
-    runner.req_to_token_pool.free_rows(taken)
-    assert tuple(tuple(r) for r in got) == low_confidence(0, 4, False)[0]
-    assert len(granted) > 0 and refused == [], (len(granted), len(refused))
