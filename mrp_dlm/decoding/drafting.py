@@ -57,6 +57,7 @@ import torch
 from mrp_dlm.decoding.candidates import MOST_CANDIDATES, Rescue, SpareHits, best_size
 
 EXPLORE_EVERY = 8  # rounds between two exploring plans (while a left-out source could pay)
+LOCKSTEP_BLOCKS = 4  # blocks with drafts measured before a batch's lockstep factor is used
 TIMING_REPEATS = 6  # timed samples of each cost before the plan uses them; the fastest counts
 HEAD, SELF = "head", "self"  # draft sources: a head step's logits, or the seed logits A
 SOURCES = (HEAD, SELF)
@@ -124,14 +125,15 @@ def verdicts(accepted: torch.Tensor, valid: torch.Tensor) -> list[tuple[int, int
     return list(zip(*torch.stack((read.sum(dim=0), stood.sum(dim=0))).tolist()))
 
 
-def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int) -> tuple[str, ...]:
+def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int,
+              lockstep: float = 1.0) -> tuple[str, ...]:
     """The sources of the plan of highest rate (module docstring), at most `most` drafts:
     a drafts of one source, then b of the other; rates: per source, the acceptance at each
-    depth 0..most-1."""
+    depth 0..most-1; lockstep: the batch's steps per row step (`Lockstep`)."""
     best, best_rate = (), 1.0  # no drafts: one step per forward
 
     def rate(steps: float, cost: float) -> float:
-        return (1.0 + steps) / (1.0 + cost)
+        return lockstep * (1.0 + steps) / (1.0 + cost)
 
     for first in rates:
         second = next((s for s in rates if s != first), first)
@@ -149,6 +151,36 @@ def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int) -> tu
             if rate(steps_a, cost_a) > best_rate:
                 best, best_rate = (first,) * a, rate(steps_a, cost_a)
     return best
+
+
+@dataclass
+class Lockstep:
+    """How far a batch gets per round against what its rows' acceptance predicts.
+
+    The library decodes a batch's block in lockstep: the block takes as many forwards as
+    its slowest row needs, and the rule's steps a row advances in it (the states it
+    accepted) are the rule's own, so the rule would have taken max_r steps_r forwards. A
+    block's realized steps are that max; its predicted steps sum, over its rounds, the
+    steps of the plan run (1 + the expected later drafts accepted; 1 for the rule's own
+    step). One row: the two agree up to the rates' error. Rows whose acceptance differs
+    round by round get less than the mean from a batch (a row that accepted much waits for
+    one that did not); on this CPU at batch 8, 0.85 of it.
+    """
+
+    realized: float = 0.0  # summed over blocks with drafts
+    predicted: float = 0.0
+    blocks: int = 0
+
+    def add(self, realized: int, predicted: float) -> None:
+        self.realized, self.predicted = self.realized + realized, self.predicted + predicted
+        self.blocks += 1
+
+    @property
+    def factor(self) -> float:
+        """Realized over predicted steps (at most 1), once LOCKSTEP_BLOCKS blocks are in."""
+        if self.blocks < LOCKSTEP_BLOCKS or not self.predicted:
+            return 1.0
+        return min(self.realized / self.predicted, 1.0)
 
 
 class Timer:
@@ -239,6 +271,7 @@ class DraftPlanner:
         self.forced_size: int | None = None  # tests and benchmarks: this set size always
         self.chosen: dict[int, int] = {}  # by batch key, the set size chosen last
         self.set_rounds: dict[tuple[int, int], list[float]] = {}  # (key, copies) -> verify s
+        self.lockstep: dict[int, Lockstep] = {}  # by batch key, where blocks run in lockstep
 
     def probe(self, key: int) -> CostProbe | None:
         """The cost probe of `key` while its costs are unknown (adaptive only)."""
@@ -258,14 +291,15 @@ class DraftPlanner:
         costs, self.rounds = self.costs[key], self.rounds + 1
         depths = range(self.lookahead)
         rates = {s: [a.rate(d) for d in depths] for s, a in self.acceptance.items()}
-        plan = best_plan(rates, costs, self.lookahead)
+        lockstep = self.lockstep.get(key, Lockstep()).factor
+        plan = best_plan(rates, costs, self.lookahead, lockstep)
         if self.rounds % EXPLORE_EVERY == 0:
             left_out = [s for s in self.sources if s not in plan]
             left_out.sort(key=lambda source: sum(self.acceptance[source].tried))
             for source in left_out:
                 hopeful = best_plan(
                     {**rates, source: [self.acceptance[source].optimistic_rate(d)
-                                       for d in depths]}, costs, self.lookahead)
+                                       for d in depths]}, costs, self.lookahead, lockstep)
                 if source in hopeful:
                     return hopeful
         return plan
@@ -310,10 +344,19 @@ class DraftPlanner:
         """The measured acceptance of each of `plan`'s drafts at its depth."""
         return [self.acceptance[source].rate(depth) for depth, source in enumerate(plan)]
 
+    def plan_steps(self, plan: tuple[str, ...]) -> float:
+        """The rule's steps a round of `plan` is expected to advance a row."""
+        return 1.0 + sum(itertools.accumulate(self.plan_rates(plan), operator.mul))
+
     def plan_round(self, key: int, plan: tuple[str, ...]) -> tuple[float, float]:
         """(expected steps, denoise forwards) of a round of `plan` without sets."""
-        reach = itertools.accumulate(self.plan_rates(plan), operator.mul)
-        return 1.0 + sum(reach), 1.0 + sum(self.costs[key].of(source) for source in plan)
+        return self.plan_steps(plan), 1.0 + sum(self.costs[key].of(s) for s in plan)
+
+    def add_block(self, key: int, realized: int, predicted: float) -> None:
+        """A lockstep block with drafts: its rows' most rule steps and the steps its plans
+        predicted (`Lockstep`); kept only when adaptive."""
+        if self.adaptive:
+            self.lockstep.setdefault(key, Lockstep()).add(realized, predicted)
 
     def copy_costs(self, key: int, plan: tuple[str, ...]) -> dict[int, float]:
         """Set size c > 1 -> one alternative's verify copy cost in a round of `plan`."""

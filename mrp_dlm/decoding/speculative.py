@@ -193,6 +193,23 @@ class Verdict:
     copies: int  # block copies the verify forward held
 
 
+@dataclass
+class BlockProgress:
+    """One lockstep block so far, for the planner's `Lockstep`: the rule's steps each row
+    advanced and the steps the rounds' plans predicted."""
+
+    key: int  # the batch key (batch size)
+    steps: torch.Tensor  # (B,) int64
+    predicted: float = 0.0
+    drafted: bool = False  # some round verified drafts
+
+    def add(self, steps: torch.Tensor, predicted: float, drafted: bool = False) -> None:
+        """A round: steps (B,) each row advanced; what its plan predicted for a row."""
+        self.steps += steps
+        self.predicted += predicted
+        self.drafted |= drafted
+
+
 @dataclass(frozen=True)
 class RoundPlan:
     """How one round's verify forward is built and timed."""
@@ -211,6 +228,7 @@ class SpeculativeDecoder:
         self.outcomes = config.lookahead + 1  # rounds by head drafts accepted: 0..K
         self.planner = DraftPlanner(config.lookahead, config.adaptive, head is not None)
         self.sampling = sampling_of(config)
+        self.block: BlockProgress | None = None  # the block being decoded
 
     @property
     def copies(self) -> int:
@@ -222,9 +240,11 @@ class SpeculativeDecoder:
         rows = step.rows
         B = rows.tokens.shape[0]
         rule = Rule(context.schedule.mask_token_id, self.config.threshold, self.sampling)
+        self.track_block(step)
         probe, sources = self.planner.probe(B), self.planner.plan(B)
         if not sources and probe is None:  # the rule's own step, as the rule runs it (no
-            return Advance(rule_steps(  # host check: the driver denoises the result next)
+            self.block.add(rows.eligible.any(dim=1), 1.0)  # host check: the driver
+            return Advance(rule_steps(  # denoises the result next)
                 step.base.logits, rows.tokens, rows.eligible, rows.positions, rule))  # (B, L)
         plan = self.round_plan(context, rows, sources, probe is not None)
         plan.timer.start()
@@ -233,13 +253,32 @@ class SpeculativeDecoder:
         draft_seconds = plan.timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
         if v == 0 or (m == 1 and probe is None):  # no later draft: the rule's own step, as
-            return Advance(drafts.states[:, 0])  # the rule runs it (the driver denoises next)
+            self.block.add(drafts.valid[:, 0], 1.0)  # the rule runs it (the driver
+            return Advance(drafts.states[:, 0])  # denoises next)
         plan.timer.start()
         verdict = self.verify(context, step, drafts, plan.size, rule)
         self.learn_costs(B, plan, probe, drafts, draft_seconds, verdict.copies)
+        self.block.add(verdict.accepted + verdict.rescued,
+                       self.planner.plan_steps(drafts.sources), drafted=m > 1)
         if m > 1:
             self.record(context, drafts, verdict)
         return verdict.advance
+
+    def track_block(self, step: Step) -> None:
+        """At a block's first step, the block before it to the planner (one host read per
+        block) and a new count."""
+        if step.index:
+            return
+        self.end_block()
+        rows = step.rows.tokens
+        self.block = BlockProgress(rows.shape[0], torch.zeros(
+            rows.shape[0], dtype=torch.long, device=rows.device))
+
+    def end_block(self) -> None:
+        """The block tracked so far to the planner, if it drafted."""
+        block, self.block = self.block, None
+        if block is not None and block.drafted:
+            self.planner.add_block(block.key, int(block.steps.max()), block.predicted)
 
     def round_plan(self, context: BlockContext, rows: BlockRows, sources: tuple[str, ...],
                    probing: bool) -> RoundPlan:

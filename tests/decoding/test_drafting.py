@@ -1,8 +1,9 @@
 """Adaptive drafting (`decoding/drafting.py`): which drafts a speculative round runs.
 
 - the verdicts per source and the plan: the sequence of head drafts and self-drafts of
-  highest worth (higher rate first), the lookahead is the most, an exploring plan every
-  EXPLORE_EVERY-th round while a left-out source could still enter the plan;
+  highest rate, steps per forward (higher rate first), the lookahead is the most, an
+  exploring plan every EXPLORE_EVERY-th round while a left-out source could still enter
+  the plan; a batch decoded in lockstep discounts the plan by its measured lockstep factor;
 - the cost probe: costs learnt from the decode's own first rounds (a timed forward, timed
   head steps and verify forwards), fastest sample kept; without a head, no head step;
 - end to end on a tiny model: whatever the plan (every draft, none, the measured one, a
@@ -18,9 +19,9 @@ import torch
 
 from conftest import random_backbone, random_head, tiny_config
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.drafting import (EXPLORE_EVERY, HEAD, SELF, TIMING_REPEATS, Acceptance,
-                                       CostProbe, DraftPlanner, RoundCosts, best_plan,
-                                       verdicts)
+from mrp_dlm.decoding.drafting import (EXPLORE_EVERY, HEAD, LOCKSTEP_BLOCKS, SELF,
+                                       TIMING_REPEATS, Acceptance, CostProbe, DraftPlanner,
+                                       Lockstep, RoundCosts, best_plan, verdicts)
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.pipeline import Pipeline
@@ -83,6 +84,21 @@ def test_plan_reads_each_depths_rate():
     # A source that is strong at depth 0 only goes first, the other after it.
     assert best_plan({HEAD: [0.9, 0.9, 0.9], SELF: [0.95, 0.1, 0.1]}, RoundCosts(0.3, 0.1),
                      3) == (SELF, HEAD, HEAD)
+
+
+def test_a_lockstep_batch_drafts_only_what_pays_after_its_loss():
+    # Measured on this CPU at batch 8 (self-drafts at τ = 1): one draft gives a row 1.745
+    # steps for 1.71 forwards (1.02 per forward), the batch only 0.92 of a row's steps.
+    costs, rates = RoundCosts(head_step=0.0, copy=0.71), {SELF: [0.745, 0.74, 0.77]}
+    assert best_plan(rates, costs, 3) == (SELF,)
+    assert best_plan(rates, costs, 3, lockstep=0.92) == ()
+    lockstep = Lockstep()
+    for block in range(LOCKSTEP_BLOCKS):
+        assert lockstep.factor == 1.0  # too few blocks to trust
+        lockstep.add(realized=11, predicted=12.0)
+    assert lockstep.factor == pytest.approx(11 / 12)
+    lockstep.add(realized=40, predicted=12.0)
+    assert lockstep.factor == 1.0  # never above: it measures what lockstep loses
 
 
 def test_plan_explores_while_a_source_could_pay():
@@ -182,6 +198,29 @@ def test_any_plan_equals_the_rule(threshold, head, costs):
         assert stats.denoise_forwards == want.stats.denoise_forwards
     if costs == RoundCosts(5.0, 0.0):  # free self-drafts, a head step dearer than a forward
         assert stats.head_forwards == stats.head_drafts == 0 < stats.self_drafts
+
+
+def test_a_batch_reports_its_blocks_lockstep():
+    """Each block with drafts reports its rows' most rule steps (what the rule would take
+    in lockstep) and its plans' predicted steps; one row loses nothing to lockstep."""
+    model, rule, prompts = model_and_prompts(1.0)
+    config = DecodeConfig(mode="speculative", threshold=1.0, lookahead=2, max_new_tokens=13,
+                          stop_token_ids=())
+    for batch in (prompts, prompts[:1]):
+        decoder = make_decoder(config, None)
+        decoder.planner.costs[len(batch)] = RoundCosts(0.0, 0.0)  # every draft pays
+        got = generate(model, batch, config, decoder)
+        decoder.end_block()  # the next call's first step would report the last block
+        lockstep = decoder.planner.lockstep[len(batch)]
+        # Blocks of 4, 13 new tokens: 4 or 5 blocks; one whose last step has nothing left to
+        # draft after it reports nothing.
+        assert lockstep.blocks >= 3 and lockstep.realized <= 4 * lockstep.blocks
+        assert lockstep.predicted >= got.stats.verify_forwards  # >= 1 per round
+        # Static at τ = 1: a rule step reveals one position; in lockstep the block's slowest
+        # row's steps, so a batch reports at most what one row of it would.
+        assert lockstep.realized <= got.stats.committed
+        if len(batch) == 1:
+            assert lockstep.realized >= got.stats.committed - 4  # all but one block's
 
 
 def test_pipeline_keeps_one_decoder_per_config(saved_model_and_head):
