@@ -16,7 +16,7 @@ the rule's own step, has rate 1). Rounds repeat with the same rates and costs, s
 decode's speed is that rate: maximising the steps saved minus the cost instead would run
 drafts that pay less than the round's own rate (on this CPU, a third self-draft at τ = 1).
 P multiplies the running acceptance rates of each draft's source at its depth
-(`Acceptance`, per source and depth). With one rate per source, putting the higher rate
+(`acceptance.Acceptance`, per source and depth). With one rate per source, putting the higher rate
 first never lowers the rate (swapping two neighbours changes only the reach between
 them), so the best plan is some drafts of one source followed by some of the other; with
 rates that fall with depth this stays the family searched (`best_plan`, both orders).
@@ -47,17 +47,16 @@ Shapes: B batch, L block size, D drafts after the first.
 from __future__ import annotations
 
 import itertools
-import math
 import operator
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from mrp_dlm.decoding.acceptance import Acceptance, Lockstep, verdicts
 from mrp_dlm.decoding.candidates import MOST_CANDIDATES, Rescue, SpareHits, best_size
 
 EXPLORE_EVERY = 8  # rounds between two exploring plans (while a left-out source could pay)
-LOCKSTEP_BLOCKS = 4  # blocks with drafts measured before a batch's lockstep factor is used
 TIMING_REPEATS = 6  # timed samples of each cost before the plan uses them; the fastest counts
 HEAD, SELF = "head", "self"  # draft sources: a head step's logits, or the seed logits A
 SOURCES = (HEAD, SELF)
@@ -76,60 +75,11 @@ class RoundCosts:
         return self.copy + (self.head_step if source == HEAD else 0.0)
 
 
-@dataclass
-class Acceptance:
-    """Running counts of one source's drafts verified and accepted, per depth in the round
-    (0: the draft after the first). Acceptance falls with depth, steeply for self-drafts
-    (on the embedded model at τ = 0.9: 0.26 then 0.03; head drafts 0.64 then 0.34), so a
-    plan reads each depth's own rate, shrunk towards the source's pooled rate where a depth
-    has few verdicts."""
-
-    tried: list[int] = field(default_factory=list)  # per depth: verdicts read (up to each row's first rejection)
-    accepted: list[int] = field(default_factory=list)  # per depth: of which accepted
-
-    @property
-    def pooled(self) -> float:
-        """Accepted share over every depth with one prior success and one prior failure."""
-        return (sum(self.accepted) + 1) / (sum(self.tried) + 2)
-
-    def rate(self, depth: int) -> float:
-        """Accepted share at `depth`, with two prior verdicts at the pooled rate."""
-        tried, good = self.at(depth)
-        return (good + 2 * self.pooled) / (tried + 2)
-
-    def optimistic_rate(self, depth: int) -> float:
-        """The rate at `depth` plus two standard errors (at most 1)."""
-        rate = self.rate(depth)
-        return min(rate + 2 * math.sqrt(rate * (1 - rate) / (self.at(depth)[0] + 2)), 1.0)
-
-    def at(self, depth: int) -> tuple[int, int]:
-        return (self.tried[depth], self.accepted[depth]) if depth < len(self.tried) else (0, 0)
-
-    def add(self, depth: int, tried: int, accepted: int) -> None:
-        while len(self.tried) <= depth:
-            self.tried.append(0)
-            self.accepted.append(0)
-        self.tried[depth] += tried
-        self.accepted[depth] += accepted
-
-
-def verdicts(accepted: torch.Tensor, valid: torch.Tensor) -> list[tuple[int, int]]:
-    """(tried, accepted) per depth of one round's D drafts after the first.
-
-    accepted: (B,) of them accepted per row; valid: (B, D) the draft revealed a position. A
-    row's verdicts are read up to its first rejection.
-    """
-    depth = torch.arange(valid.shape[1], device=accepted.device)  # (D,)
-    read = valid & (depth[None] <= accepted[:, None])  # (B, D)
-    stood = depth[None] < accepted[:, None]  # (B, D)
-    return list(zip(*torch.stack((read.sum(dim=0), stood.sum(dim=0))).tolist()))
-
-
 def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int,
               lockstep: float = 1.0) -> tuple[str, ...]:
     """The sources of the plan of highest rate (module docstring), at most `most` drafts:
     a drafts of one source, then b of the other; rates: per source, the acceptance at each
-    depth 0..most-1; lockstep: the batch's steps per row step (`Lockstep`)."""
+    depth 0..most-1; lockstep: the batch's steps per row step (`acceptance.Lockstep`)."""
     best, best_rate = (), 1.0  # no drafts: one step per forward
 
     def rate(steps: float, cost: float) -> float:
@@ -151,36 +101,6 @@ def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int,
             if rate(steps_a, cost_a) > best_rate:
                 best, best_rate = (first,) * a, rate(steps_a, cost_a)
     return best
-
-
-@dataclass
-class Lockstep:
-    """How far a batch gets per round against what its rows' acceptance predicts.
-
-    The library decodes a batch's block in lockstep: the block takes as many forwards as
-    its slowest row needs, and the rule's steps a row advances in it (the states it
-    accepted) are the rule's own, so the rule would have taken max_r steps_r forwards. A
-    block's realized steps are that max; its predicted steps sum, over its rounds, the
-    steps of the plan run (1 + the expected later drafts accepted; 1 for the rule's own
-    step). One row: the two agree up to the rates' error. Rows whose acceptance differs
-    round by round get less than the mean from a batch (a row that accepted much waits for
-    one that did not); on this CPU at batch 8, 0.85 of it.
-    """
-
-    realized: float = 0.0  # summed over blocks with drafts
-    predicted: float = 0.0
-    blocks: int = 0
-
-    def add(self, realized: int, predicted: float) -> None:
-        self.realized, self.predicted = self.realized + realized, self.predicted + predicted
-        self.blocks += 1
-
-    @property
-    def factor(self) -> float:
-        """Realized over predicted steps (at most 1), once LOCKSTEP_BLOCKS blocks are in."""
-        if self.blocks < LOCKSTEP_BLOCKS or not self.predicted:
-            return 1.0
-        return min(self.realized / self.predicted, 1.0)
 
 
 class Timer:
@@ -354,7 +274,7 @@ class DraftPlanner:
 
     def add_block(self, key: int, realized: int, predicted: float) -> None:
         """A lockstep block with drafts: its rows' most rule steps and the steps its plans
-        predicted (`Lockstep`); kept only when adaptive."""
+        predicted (`acceptance.Lockstep`); kept only when adaptive."""
         if self.adaptive:
             self.lockstep.setdefault(key, Lockstep()).add(realized, predicted)
 

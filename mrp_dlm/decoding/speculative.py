@@ -195,8 +195,8 @@ class Verdict:
 
 @dataclass
 class BlockProgress:
-    """One lockstep block so far, for the planner's `Lockstep`: the rule's steps each row
-    advanced and the steps the rounds' plans predicted."""
+    """One lockstep block so far, for the planner's `acceptance.Lockstep`: the rule's steps
+    each row advanced and the steps the rounds' plans predicted."""
 
     key: int  # the batch key (batch size)
     steps: torch.Tensor  # (B,) int64

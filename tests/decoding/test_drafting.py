@@ -19,9 +19,9 @@ import torch
 
 from conftest import random_backbone, random_head, tiny_config
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.drafting import (EXPLORE_EVERY, HEAD, LOCKSTEP_BLOCKS, SELF,
-                                       TIMING_REPEATS, Acceptance, CostProbe, DraftPlanner,
-                                       Lockstep, RoundCosts, best_plan, verdicts)
+from mrp_dlm.decoding.acceptance import LOCKSTEP_BLOCKS, Acceptance, Lockstep, verdicts
+from mrp_dlm.decoding.drafting import (EXPLORE_EVERY, HEAD, SELF, TIMING_REPEATS, CostProbe,
+                                       DraftPlanner, RoundCosts, best_plan)
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.pipeline import Pipeline
