@@ -38,9 +38,10 @@ from dataclasses import dataclass, fields
 import torch
 
 from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus
-from mrp_dlm.decoding.race import GROUP, race, race_candidates, race_screened, token_keys
+from mrp_dlm.decoding.race import race, race_candidates, race_screened, token_keys
 
 TOP_P_CANDIDATES = 256  # largest top-p nucleus found without a sort of the vocabulary
+GROUP = 64  # tokens per group of `top_candidates` (contiguous ids)
 MAX_TOP_K_CANDIDATES = 1024  # larger top-k truncates the whole vocabulary
 
 
