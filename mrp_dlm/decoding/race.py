@@ -1,8 +1,10 @@
 """The keyed exponential race: which token a sampled position takes, at near greedy cost on a CPU.
 
 A sampled position takes argmax_v kept_v / E_v, E_v = -log u_v, where u_v is the uniform
-number keyed by (seed, draw, position, token v) (`uniform_noise`). With E ~ Exp(1) this draws
-from kept (normalised) without a host sync. `race` evaluates that expression for every token:
+number keyed by (seed, draw, position, token v) (`uniform_noise`): a strong hash of (seed,
+draw, position) is the row's key, and a short one of (key, v) the token's (two multiplies,
+two xorshifts: the CPU screen hashes every token). With E ~ Exp(1) this draws from kept
+(normalised) without a host sync. `race` evaluates that expression for every token:
 it is the definition, and what an accelerator runs (memory-bound there, so cheap).
 
 On a CPU the definition costs ~20x a greedy step at V = 151,936 (per token a hash in int64,
@@ -10,8 +12,8 @@ a float64 log and a division, each a pass over memory). `race_screened` returns 
 token from a few int32 operations per token, in cache-sized chunks: since
 E = -log(1 - c) >= c with c = 1 - u, kept_v / c_v bounds token v's score from above, with no
 log. The tokens fall into sets of SET (strided ids); a set's bound is its largest
-probability over its smallest c, and that c needs only the high 16 bits of the hash, which
-its first two rounds fix (`premix32_`): per token, the hash's 9 passes and one integer
+probability over its smallest c, and that c needs only the high 16 bits of the noise,
+fixed before its last xorshift (`token_mix_high_`): per token, 5 integer passes and one
 maximum; the division runs once per set. It evaluates the exact score (the expression
 above, in float64) only for the tokens of the blocks (SET sets) with the largest bounds,
 then checks that no other block's bound reaches the winner's score; a row that fails the
@@ -31,6 +33,8 @@ from __future__ import annotations
 import torch
 
 MASK32 = 0xFFFFFFFF
+TOKEN_MUL = (0x7FEB352D, 0x45D9F3B)  # odd multipliers of a token's hash, below 2**31 (no
+# int64 overflow: the products of 32-bit values stay below 2**63)
 SET = 8  # tokens per screening set: a set's bound pairs its largest p with its smallest c
 BLOCK = SET * SET  # tokens per screening block (SET sets), the unit raced exactly
 # Blocks raced exactly per row; a row the first count cannot certify tries the next one.
@@ -66,8 +70,12 @@ def token_keys(seed: int | torch.Tensor, positions: torch.Tensor,
 
 
 def noise_bits(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """The 32 random bits of (key, token) as int64 in [0, 2**32); keys and tokens broadcast."""
-    return mix32((keys * 0x27D4EB2F + tokens) & MASK32)
+    """The 32 random bits of (key, token) as int64 in [0, 2**32); keys and tokens broadcast.
+    The key is already a strong hash (`token_keys`); the token's is multiply, xorshift,
+    multiply, xorshift (`token_mix_high_` computes its high half in int32)."""
+    x = ((((keys * 0x27D4EB2F + tokens) & MASK32) * TOKEN_MUL[0]) & MASK32)
+    x = ((x ^ (x >> 15)) * TOKEN_MUL[1]) & MASK32
+    return x ^ (x >> 16)
 
 
 def uniform_of(bits: torch.Tensor) -> torch.Tensor:
@@ -103,19 +111,21 @@ def race_candidates(values: torch.Tensor, ids: torch.Tensor,
     return tokens, best
 
 
-def premix32_(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """The first two rounds of `mix32`, in place on int32 x holding 32-bit values (two's
-    complement), with the result's sign bit flipped: x's high 16 bits are then mix32's (its
-    last round changes only the low 16), and signed order is the unsigned order of those.
-    Products wrap mod 2**32 and `& 0xFFFF` makes each shift logical. scratch: x's shape."""
-    for round_ in range(2):
-        torch.bitwise_right_shift(x, 16, out=scratch).bitwise_and_(0xFFFF)
-        x.bitwise_xor_(scratch)
-        if round_ == 0:
-            x.mul_(0x45D9F3B)
+def token_mix_high_(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """`noise_bits` up to its last xorshift, in place on int32 x = the product by
+    TOKEN_MUL[0] (two's complement), with the result's sign bit flipped: x's high 16 bits are
+    then the noise bits' (the last xorshift changes only the low 16), and signed order is
+    the unsigned order of those. Products wrap mod 2**32; `& 0x1FFFF` makes the shift
+    logical. scratch: x's shape."""
+    torch.bitwise_right_shift(x, 15, out=scratch).bitwise_and_(0x1FFFF)
     # x * K + 2**31 == (x * K) ^ 2**31, modulo 2**32, in one pass
-    return torch.add(torch.tensor(-2**31, dtype=torch.int32, device=x.device), x,
-                     alpha=0x45D9F3B, out=x)
+    return torch.add(torch.tensor(-2**31, dtype=torch.int32, device=x.device),
+                     x.bitwise_xor_(scratch), alpha=TOKEN_MUL[1], out=x)
+
+
+def as_int32(x: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2**32) as int32, two's complement."""
+    return torch.where(x >= 2**31, x - 2**32, x).int()
 
 
 def set_maxima(probs: torch.Tensor) -> torch.Tensor:
@@ -131,22 +141,23 @@ def set_maxima(probs: torch.Tensor) -> torch.Tensor:
 
 
 def hash_maxima(keys: torch.Tensor, G: int) -> torch.Tensor:
-    """The largest hash bits (R, SET, G) int32 of each screening set, sign flipped and exact
-    in their high 16 bits only (`premix32_`), for keys (R,). Runs in chunks of blocks that
+    """The largest noise bits (R, SET, G) int32 of each screening set, sign flipped and exact
+    in their high 16 bits only (`token_mix_high_`), for keys (R,). Runs in chunks of blocks that
     stay in cache."""
     R = keys.shape[0]
     width = max(1, min(G, CHUNK // (R * BLOCK)))  # blocks per pass
-    base = (keys * 0x27D4EB2F) & MASK32  # (R,) key part of the hash input
-    base = torch.where(base >= 2**31, base - 2**32, base).int()[:, None, None]  # (R, 1, 1)
-    lanes = torch.arange(BLOCK, dtype=torch.int32, device=keys.device)[:, None] * G  # (BLOCK, 1)
+    base = (((keys * 0x27D4EB2F) & MASK32) * TOKEN_MUL[0]) & MASK32  # (R,) key part
+    base = as_int32(base)[:, None, None]  # (R, 1, 1)
+    lanes = torch.arange(BLOCK, device=keys.device)[:, None] * G  # (BLOCK, 1)
     top = torch.empty(R, SET, G, dtype=torch.int32, device=keys.device)  # (R, b, G)
     x, scratch = (torch.empty(R * BLOCK * width, dtype=torch.int32, device=keys.device)
                   for _ in range(2))
     for start in range(0, G, width):
         w = min(width, G - start)
-        ids = lanes + torch.arange(start, start + w, dtype=torch.int32, device=keys.device)
+        ids = lanes + torch.arange(start, start + w, device=keys.device)  # (BLOCK, w)
+        ids = as_int32((ids * TOKEN_MUL[0]) & MASK32)  # (BLOCK, w) token part of the product
         bits = torch.add(ids, base, out=x[:R * BLOCK * w].view(R, BLOCK, w))  # (R, a*b, w)
-        premix32_(bits, scratch[:R * BLOCK * w].view(R, BLOCK, w))
+        token_mix_high_(bits, scratch[:R * BLOCK * w].view(R, BLOCK, w))
         torch.amax(bits.view(R, SET, SET, w), dim=1, out=top[:, :, start:start + w])
     return top
 

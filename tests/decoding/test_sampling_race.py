@@ -3,7 +3,7 @@
 The definition is the full-vocabulary computation `propose` ran before the fast path:
 `truncate` over the whole vocabulary, the keyed noise for every token, the float64 race.
 It is written out here once more (`definition_tokens`), and the keyed noise formula is
-pinned as it was (`pinned_uniform_noise`), so a change to either shows. Cases cover every
+pinned (`pinned_uniform_noise`, and a few of its values), so a change to either shows. Cases cover every
 path of `sample_tokens`: no truncation (screened race), top-k, top-p, both, top-k ties
 (candidates incomplete), wide nuclei (the nucleus floor, and its forced fallback), top-p
 boundaries that split equal probabilities (narrow and wide, and a split tie that wins),
@@ -21,20 +21,22 @@ import torch
 from mrp_dlm.decoding import nucleus as nucleus_module
 from mrp_dlm.decoding import race as race_module
 from mrp_dlm.decoding import sampling as sampling_module
-from mrp_dlm.decoding.race import (MASK32, mix32, premix32_, race,
-                                   race_screened, screen_bounds, token_keys, uniform_noise)
+from mrp_dlm.decoding.race import (MASK32, as_int32, mix32, noise_bits, race, race_screened,
+                                   screen_bounds, token_keys, token_mix_high_, uniform_noise)
 from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
                                        top_candidates, truncate)
 
 
 def pinned_uniform_noise(seed, positions, draw, vocab):
-    """The keyed noise exactly as the library first wrote it (one expression)."""
+    """The keyed noise written out once more: a strong hash of (seed, draw, position) is
+    the key, then (key, token) -> multiply, xorshift 15, multiply, xorshift 16."""
     seed = torch.as_tensor(seed, dtype=torch.long)
     key = mix32((mix32(seed & MASK32) + draw.long() * 0x85EBCA77) & MASK32)
     key = mix32((positions.long() * 0xC2B2AE3D + key.expand(positions.shape[0])[:, None])
                 & MASK32)
-    bits = mix32((key[..., None] * 0x27D4EB2F + torch.arange(vocab)) & MASK32)
-    return (bits.double() + 0.5) / 2.0**32
+    x = (((key[..., None] * 0x27D4EB2F + torch.arange(vocab)) & MASK32) * 0x7FEB352D) & MASK32
+    x = ((x ^ (x >> 15)) * 0x45D9F3B) & MASK32
+    return ((x ^ (x >> 16)).double() + 0.5) / 2.0**32
 
 
 def definition_tokens(probs, sampling, positions, draw):
@@ -66,12 +68,14 @@ def rows_passed(monkeypatch, name: str) -> list[int]:
     return rows
 
 
-def test_noise_is_unchanged():
+def test_noise_is_pinned():
     positions = torch.tensor([[0, 5, 9], [130, 131, 4000]])
     draw = torch.tensor([0, 7])
     for seed in (0, 1, 2**40 + 3, torch.tensor([5, 2**33])):
         assert torch.equal(uniform_noise(seed, positions, draw, 1000),
                            pinned_uniform_noise(seed, positions, draw, 1000))
+    bits = uniform_noise(7, torch.tensor([[64]]), torch.tensor([3]), 5) * 2**32 - 0.5
+    assert bits.view(-1).tolist() == [3144836779, 1710718002, 3120401995, 839900455, 2105853967]
 
 
 @pytest.mark.parametrize("V", [1000, 4099, 151_936])
@@ -113,13 +117,17 @@ def test_screened_race_falls_back_where_it_cannot_certify(monkeypatch):
     assert torch.equal(got, race(kept, keys))
 
 
-def test_premix_sets_the_high_bits_and_flips_the_sign():
-    values = torch.cat((torch.tensor([0, 1, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1]),
-                        torch.randint(0, 2**32, (10_000,), generator=torch.Generator()
-                                      .manual_seed(1))))  # (N,) int64 in [0, 2**32)
-    as_int32 = torch.where(values >= 2**31, values - 2**32, values).int()  # two's complement
-    flipped = premix32_(as_int32.clone(), torch.empty_like(as_int32)).long() + 2**31  # (N,)
-    assert torch.equal(flipped >> 16, mix32(values) >> 16)
+def test_int32_token_mix_has_the_high_bits_and_flips_the_sign():
+    """In int32, wrapping: the high 16 noise bits of (key, token), bit for bit, at the
+    edges and on 10,000 random pairs."""
+    generator = torch.Generator().manual_seed(1)
+    keys = torch.cat((torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 1]),
+                      torch.randint(0, 2**32, (10_000,), generator=generator)))  # (N,)
+    tokens = torch.randint(0, 2**18, keys.shape, generator=generator)  # (N,)
+    product = ((((keys * 0x27D4EB2F) & MASK32) * 0x7FEB352D + tokens * 0x7FEB352D) & MASK32)
+    x = as_int32(product)  # (N,) int32
+    flipped = token_mix_high_(x, torch.empty_like(x)).long() + 2**31  # (N,)
+    assert torch.equal(flipped >> 16, noise_bits(keys, tokens) >> 16)
 
 
 @pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
