@@ -162,16 +162,32 @@ def hash_maxima(keys: torch.Tensor, G: int) -> torch.Tensor:
     return top
 
 
-def screen_bounds(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def row_maxima(probs: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    """The largest value (R,) of each row of probs (R, V), from its set maxima (R, SET, G)
+    (`set_maxima`) and the last V % BLOCK values, which no set holds."""
+    largest = maxima.flatten(1).amax(dim=-1)  # (R,)
+    tail = probs[:, BLOCK * maxima.shape[2]:]  # (R, V % BLOCK)
+    return torch.maximum(largest, tail.amax(dim=-1)) if tail.shape[1] else largest
+
+
+def screens(V: int) -> bool:
+    """Whether `race_screened` screens a vocabulary of V tokens (else it runs `race`)."""
+    return V // BLOCK > CANDIDATE_BLOCKS[0]
+
+
+def screen_bounds(probs: torch.Tensor, keys: torch.Tensor,
+                  maxima: torch.Tensor | None = None) -> torch.Tensor:
     """A score bound (R, G) float32 of each block of BLOCK tokens of probs (R, V), in units of
     2**-16 (see BOUND_SCALE), G = V // BLOCK. Token g + G * (SET * a + b) (a, b < SET) is in
     set (b, g) and block g. A set's bound is its largest probability over its smallest c:
     c_v = (n_v + 1/2) / 2**32 >= (n_hi + 2**-17) / 2**16 with n_v = 2**32 - 1 - bits_v and
-    n_hi = 2**16 - 1 - (bits_v >> 16); a block's bound is its sets' largest."""
+    n_hi = 2**16 - 1 - (bits_v >> 16); a block's bound is its sets' largest. maxima:
+    `set_maxima(probs)`, where the caller has it."""
     flipped = hash_maxima(keys, probs.shape[1] // BLOCK)  # (R, SET, G) (hi - 2**15) << 16 | ..
     n_hi = torch.bitwise_right_shift(flipped, 16).neg_().add_(2**15 - 1)  # (R, SET, G)
     c = n_hi.float().clamp_min_(2.0**-17)  # (R, SET, G) at most 2**16 c_v of the set's tokens
-    return torch.div(set_maxima(probs), c, out=c).amax(dim=1)  # (R, G)
+    top = set_maxima(probs) if maxima is None else maxima  # (R, SET, G)
+    return torch.div(top, c, out=c).amax(dim=1)  # (R, G)
 
 
 def floored(probs: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor:
@@ -201,17 +217,18 @@ def race_blocks(probs: torch.Tensor, keys: torch.Tensor, bounds: torch.Tensor, c
     return tokens, certain
 
 
-def race_screened(probs: torch.Tensor, keys: torch.Tensor,
-                  floor: torch.Tensor | None = None) -> torch.Tensor:
+def race_screened(probs: torch.Tensor, keys: torch.Tensor, floor: torch.Tensor | None = None,
+                  bounds: torch.Tensor | None = None) -> torch.Tensor:
     """`race(kept, keys)` (R,) int64, token for token, for kept = probs (R, V) float32 with
     the values below floor (R,) (if given) set to 0, for a few int32/float32 operations per
-    token (the module docstring says how; the bounds of probs bound kept's). Host checks;
-    meant for the CPU."""
+    token (the module docstring says how; the bounds of probs bound kept's). bounds:
+    `screen_bounds(probs, keys)`, where the caller has them (or those of larger probs). Host
+    checks; meant for the CPU."""
     R, V = probs.shape
-    counts = [count for count in CANDIDATE_BLOCKS if count < V // BLOCK]
-    if not counts:
+    if not screens(V):
         return race(floored(probs, floor), keys)
-    bounds = screen_bounds(probs, keys)  # (R, G)
+    counts = [count for count in CANDIDATE_BLOCKS if count < V // BLOCK]
+    bounds = screen_bounds(probs, keys) if bounds is None else bounds  # (R, G)
     tokens, certain = race_blocks(probs, keys, bounds, counts[0], floor)  # (R,) x2
     rows = (~certain).nonzero()[:, 0]  # (n,) rows left
     for count in counts[1:] + [None]:

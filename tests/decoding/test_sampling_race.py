@@ -3,14 +3,14 @@
 The definition is the full-vocabulary computation `propose` ran before the fast path:
 `truncate` over the whole vocabulary, the keyed noise for every token, the float64 race.
 It is written out here once more (`definition_tokens`), and the keyed noise formula is
-pinned (`pinned_uniform_noise`, and a few of its values), so a change to either shows. Cases cover every
-path of `sample_tokens`: no truncation (screened race), top-k, top-p, both, top-k ties
-(candidates incomplete), wide nuclei (the nucleus floor, and its forced fallback), top-p
-boundaries that split equal probabilities (narrow and wide, and a split tie that wins),
-the screened race's own fallbacks (forced with tiny CANDIDATE_BLOCKS), and top-p alone:
-narrow rows through candidates, wide ones (and every row, forced) through the race, its
-winner kept where the nucleus surely keeps it, the other rows (and every raced row,
-forced) through the floor.
+pinned (`pinned_uniform_noise`, and a few of its values), so a change to either shows.
+Cases cover every path of `sample_tokens`: no truncation (screened race), top-k, top-p,
+both, top-k ties (candidates incomplete), wide nuclei (the nucleus floor, and its forced
+fallback), top-p boundaries that split equal probabilities (narrow and wide, and a split
+tie that wins), the screened race's own fallbacks (forced with tiny CANDIDATE_BLOCKS),
+and top-p alone: narrow rows through candidates, wide ones (and every row, forced) through
+the race, its winner kept where the nucleus surely keeps it, the other rows (and every
+raced row, forced) through the floor.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from mrp_dlm.decoding import nucleus as nucleus_module
 from mrp_dlm.decoding import race as race_module
 from mrp_dlm.decoding import sampling as sampling_module
 from mrp_dlm.decoding.race import (MASK32, as_int32, mix32, noise_bits, race, race_screened,
-                                   screen_bounds, token_keys, token_mix_high_, uniform_noise)
+                                   row_maxima, screen_bounds, set_maxima, token_keys,
+                                   token_mix_high_, uniform_noise)
 from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
                                        top_candidates, truncate)
 
@@ -146,6 +147,15 @@ def test_screen_bounds_bound_every_score(scale):
     assert bool((bounds.clamp_min(race_module.SMALLEST_SCORE) >= by_block).all())
     relevant = by_block > race_module.SMALLEST_SCORE  # (R, G)
     assert float((bounds / by_block)[relevant].median()) < 16  # and not vacuous
+
+
+@pytest.mark.parametrize("V", [4099, 4096])
+def test_row_maxima_from_the_set_maxima(V):
+    """The largest probability from the screen's set maxima and the tail (none at 4096)."""
+    probs, *_ = case(V, 2.0)
+    flat = probs.view(-1, V)
+    flat[0, -1] = 1.0  # a row whose largest value is its last token
+    assert torch.equal(row_maxima(flat, set_maxima(flat)), flat.amax(dim=-1))
 
 
 def test_top_candidates_are_the_top_values():
