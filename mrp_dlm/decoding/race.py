@@ -25,7 +25,8 @@ writing them: the bounds of probs bound the truncated values too.
 Deliberately not here: truncation (top-k/top-p, `sampling.py`), anything that depends on
 which rows share a batch (every operation is per row).
 
-Shapes: R rows (batch x block positions, flattened), V vocab, C candidates per row.
+Shapes: R rows (batch x block positions, flattened), V vocab, C candidates per row,
+G = V // BLOCK screening blocks, each of SET sets of SET tokens.
 """
 
 from __future__ import annotations
