@@ -3,9 +3,10 @@
 Not a test (never collected by pytest). On standard normal logits at temperature 0.7 (a
 top-p 0.95 nucleus of ~89k tokens) times, interleaved, best of the repeats: the greedy step
 (softmax + max), the tempered softmax, and each stage `sampling.top_p_tokens` runs (the
-amax wideness test, the screened race, `nucleus.inside_nucleus`, the floor path on the rows
-whose winner it cannot keep), and the stages that path replaced (the candidate attempt and
-the nucleus floor on every row). Run it once as is and once with
+screen's set maxima and the largest probability from them: the wideness test; the screened
+race given the set maxima; `nucleus.inside_nucleus`; the floor path on the rows whose winner
+it cannot keep, given their screen bounds), and the stages that path replaced (the
+candidate attempt and the nucleus floor on every row). Run it once as is and once with
 `MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296`: glibc's default
 returns each freed tensor to the OS, and the page faults that follow can dominate the
 softmax. Prints a table, then one JSON line last.
@@ -27,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus  # noqa: E402
-from mrp_dlm.decoding.race import race_screened, token_keys  # noqa: E402
+from mrp_dlm.decoding.race import (race_screened, row_maxima, screen_bounds,  # noqa: E402
+                                   set_maxima, token_keys)
 from mrp_dlm.decoding.sampling import (GREEDY, SamplingConfig, full_distribution,  # noqa: E402
                                        truncated_candidates, unsettled_tokens)
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
@@ -51,15 +53,18 @@ def stages(B: int, L: int, V: int) -> dict:
     probs = full_distribution(logits, V - 1, sampling).view(-1, V)  # (R, V)
     keys = token_keys(7, (torch.arange(L) + 64)[None].expand(B, L), torch.arange(B) % L)
     keys = keys.view(-1)  # (R,)
-    winners = race_screened(probs, keys)  # (R,)
+    maxima = set_maxima(probs)  # (R, SET, G)
+    bounds = screen_bounds(probs, keys, maxima)  # (R, G)
+    winners = race_screened(probs, keys, bounds=bounds)  # (R,)
     outside = (~inside_nucleus(probs, winners, TOP_P)).nonzero()[:, 0]  # (n,)
     return {"greedy (softmax + max)": lambda: full_distribution(logits, V - 1, GREEDY).max(-1),
             "softmax T=0.7": lambda: full_distribution(logits, V - 1, sampling),
-            "amax (wide test)": lambda: probs.amax(-1),
-            "screened race": lambda: race_screened(probs, keys),
+            "set maxima, largest (wide test)": lambda: row_maxima(probs, set_maxima(probs)),
+            "screened race (set maxima given)":
+                lambda: race_screened(probs, keys, bounds=screen_bounds(probs, keys, maxima)),
             "inside_nucleus": lambda: inside_nucleus(probs, winners, TOP_P),
             f"floor path ({len(outside)} rows)":
-                lambda: unsettled_tokens(probs[outside], keys[outside], sampling),
+                lambda: unsettled_tokens(probs[outside], keys[outside], sampling, bounds[outside]),
             "replaced: candidate attempt": lambda: truncated_candidates(probs, 0, TOP_P),
             "replaced: nucleus floor": lambda: nucleus(probs, TOP_P)}
 

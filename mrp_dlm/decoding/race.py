@@ -1,17 +1,23 @@
 """The keyed exponential race: which token a sampled position takes, at near greedy cost on a CPU.
 
 A sampled position takes argmax_v kept_v / E_v, E_v = -log u_v, where u_v is the uniform
-number keyed by (seed, draw, position, token v) (`uniform_noise`). With E ~ Exp(1) this draws
-from kept (normalised) without a host sync. `race` evaluates that expression for every token:
+number keyed by (seed, draw, position, token v) (`uniform_noise`): a strong hash of (seed,
+draw, position) is the row's key, and a short one of (key, v) the token's (two multiplies,
+two xorshifts: the CPU screen hashes every token). With E ~ Exp(1) this draws from kept
+(normalised) without a host sync. `race` evaluates that expression for every token:
 it is the definition, and what an accelerator runs (memory-bound there, so cheap).
 
 On a CPU the definition costs ~20x a greedy step at V = 151,936 (per token a hash in int64,
 a float64 log and a division, each a pass over memory). `race_screened` returns the same
-token from a few int32/float32 operations per token, in cache-sized chunks: since
+token from a few int32 operations per token, in cache-sized chunks: since
 E = -log(1 - c) >= c with c = 1 - u, kept_v / c_v bounds token v's score from above, with no
-log. It evaluates the exact score (the expression above, in float64) only for the tokens of
-the groups with the largest bounds, then checks that no other group's bound reaches the
-winner's score; a row that fails the check (rare: see `CANDIDATE_GROUPS`) runs `race`.
+log. The tokens fall into sets of SET (strided ids); a set's bound is its largest
+probability over its smallest c, and that c needs only the high 16 bits of the noise,
+fixed before its last xorshift (`token_mix_high_`): per token, 5 integer passes and one
+maximum; the division runs once per set. It evaluates the exact score (the expression
+above, in float64) only for the tokens of the blocks (SET sets) with the largest bounds,
+then checks that no other block's bound reaches the winner's score; a row that fails the
+check tries more blocks, then runs `race` (see `CANDIDATE_BLOCKS`).
 The winner is therefore the definition's, including its tie rule (the lowest token id).
 It also races probs truncated below a floor (a top-p nucleus, `nucleus.py`) without
 writing them: the bounds of probs bound the truncated values too.
@@ -19,7 +25,8 @@ writing them: the bounds of probs bound the truncated values too.
 Deliberately not here: truncation (top-k/top-p, `sampling.py`), anything that depends on
 which rows share a batch (every operation is per row).
 
-Shapes: R rows (batch x block positions, flattened), V vocab, C candidates per row.
+Shapes: R rows (batch x block positions, flattened), V vocab, C candidates per row,
+G = V // BLOCK screening blocks, each of SET sets of SET tokens.
 """
 
 from __future__ import annotations
@@ -27,16 +34,23 @@ from __future__ import annotations
 import torch
 
 MASK32 = 0xFFFFFFFF
-GROUP = 64  # tokens per screening group (contiguous ids)
-# Groups raced exactly per row. A group outside them can hold the winner only if a token
-# of it has a bound above the winner's score s while its own score is below: c_v <= p_v / s
-# < E_v, which needs p_v comparable to s c_v. At V = 151,936 (tempered normal logits of
-# std 0.3 to 30) at most 5 groups reached s in 1,536 rows, 1 in most: a row above M runs `race`.
-CANDIDATE_GROUPS = 16
+TOKEN_MUL = (0x7FEB352D, 0x45D9F3B)  # odd multipliers of a token's hash, below 2**31 (no
+# int64 overflow: the products of 32-bit values stay below 2**63)
+SET = 8  # tokens per screening set: a set's bound pairs its largest p with its smallest c
+BLOCK = SET * SET  # tokens per screening block (SET sets), the unit raced exactly
+# Blocks raced exactly per row; a row the first count cannot certify tries the next one.
+# A block outside them can hold the winner only if one of its sets' bounds reaches the
+# winner's score. At V = 151,936 (tempered normal logits of std 0.3 to 10, Zipf logits at
+# temperature 0.7 and 1) 2-7 blocks (median) reached it, 51 at most in 1,536 rows; a row
+# above the last count runs `race`.
+CANDIDATE_BLOCKS = (16, 64)
 CHUNK = 1 << 19  # elements per screening pass, 2 MB per buffer: fewer, longer passes beat
 # L2-sized ones (1 << 17) by ~10% at V = 151,936, batch 1 and 8 (L3-resident either way)
-# Bounds are p / (n // 2 + 1/4) with c = (n + 1/2) / 2**32; the factor covers float32 rounding.
-BOUND_SCALE = 2.0**31 * (1.0 + 2.0**-20)
+# Bounds are in units of 2**-16; the factor covers float32 rounding (division, conversion).
+BOUND_SCALE = 2.0**16 * (1.0 + 2.0**-20)
+# A set bound below 2**-126 may have lost precision (subnormal), so a row is certified only
+# if its winner's score is above this: far above any bound that small.
+SMALLEST_SCORE = 2.0**-90
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -44,17 +58,6 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     x = ((x ^ (x >> 16)) * 0x45D9F3B) & MASK32
     x = ((x ^ (x >> 16)) * 0x45D9F3B) & MASK32
     return x ^ (x >> 16)
-
-
-def mix32_wrapping_(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """`mix32` in place on int32 x holding 32-bit values (two's complement), bit for bit:
-    products wrap mod 2**32 and `& 0xFFFF` makes each shift logical. scratch: x's shape."""
-    for round_ in range(3):
-        torch.bitwise_right_shift(x, 16, out=scratch).bitwise_and_(0xFFFF)
-        x.bitwise_xor_(scratch)
-        if round_ < 2:
-            x.mul_(0x45D9F3B)
-    return x
 
 
 def token_keys(seed: int | torch.Tensor, positions: torch.Tensor,
@@ -68,8 +71,12 @@ def token_keys(seed: int | torch.Tensor, positions: torch.Tensor,
 
 
 def noise_bits(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """The 32 random bits of (key, token) as int64 in [0, 2**32); keys and tokens broadcast."""
-    return mix32((keys * 0x27D4EB2F + tokens) & MASK32)
+    """The 32 random bits of (key, token) as int64 in [0, 2**32); keys and tokens broadcast.
+    The key is already a strong hash (`token_keys`); the token's is multiply, xorshift,
+    multiply, xorshift (`token_mix_high_` computes its high half in int32)."""
+    x = ((((keys * 0x27D4EB2F + tokens) & MASK32) * TOKEN_MUL[0]) & MASK32)
+    x = ((x ^ (x >> 15)) * TOKEN_MUL[1]) & MASK32
+    return x ^ (x >> 16)
 
 
 def uniform_of(bits: torch.Tensor) -> torch.Tensor:
@@ -105,29 +112,83 @@ def race_candidates(values: torch.Tensor, ids: torch.Tensor,
     return tokens, best
 
 
-def screen_bounds(kept: torch.Tensor, keys: torch.Tensor, groups: int) -> torch.Tensor:
-    """The largest score bound (R, groups) float32 in each group of GROUP tokens, in units of
-    2**-31 (see BOUND_SCALE): kept_v / (n_v // 2 + 1/4), n_v = 2**32 - 1 - bits_v, so that
-    c_v = (n_v + 1/2) / 2**32. Runs in chunks that stay in cache, in int32/float32."""
-    R = kept.shape[0]
-    width = min(groups * GROUP, max(GROUP, CHUNK // R // GROUP * GROUP))  # tokens per pass
-    base = (keys * 0x27D4EB2F) & MASK32  # (R,) key part of the hash input
-    base = torch.where(base >= 2**31, base - 2**32, base).int()[:, None]  # (R, 1) as int32
-    bounds = torch.empty(R, groups, device=kept.device)  # (R, groups)
-    buffers = [torch.empty(R * width, dtype=dtype, device=kept.device)
-               for dtype in (torch.int32, torch.int32, torch.float32)]
-    for start in range(0, groups * GROUP, width):
-        w = min(width, groups * GROUP - start)
-        x, scratch, bound = (buffer[:R * w].view(R, w) for buffer in buffers)  # (R, w) each
-        ids = torch.arange(start, start + w, dtype=torch.int32, device=kept.device)  # (w,)
-        mix32_wrapping_(torch.add(ids, base, out=x), scratch)  # the bits, as int32
-        x.bitwise_not_()  # n = 2**32 - 1 - bits
-        torch.bitwise_right_shift(x, 1, out=scratch).bitwise_and_(0x7FFFFFFF)  # n // 2
-        bound.copy_(scratch).add_(0.25)
-        torch.div(kept[:, start:start + w], bound, out=bound)
-        torch.amax(bound.view(R, w // GROUP, GROUP), dim=-1,
-                   out=bounds[:, start // GROUP:(start + w) // GROUP])
-    return bounds
+def token_mix_high_(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """`noise_bits` up to its last xorshift, in place on int32 x = the product by
+    TOKEN_MUL[0] (two's complement), with the result's sign bit flipped: x's high 16 bits are
+    then the noise bits' (the last xorshift changes only the low 16), and signed order is
+    the unsigned order of those. Products wrap mod 2**32; `& 0x1FFFF` makes the shift
+    logical. scratch: x's shape."""
+    torch.bitwise_right_shift(x, 15, out=scratch).bitwise_and_(0x1FFFF)
+    # x * K + 2**31 == (x * K) ^ 2**31, modulo 2**32, in one pass
+    return torch.add(torch.tensor(-2**31, dtype=torch.int32, device=x.device),
+                     x.bitwise_xor_(scratch), alpha=TOKEN_MUL[1], out=x)
+
+
+def as_int32(x: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2**32) as int32, two's complement."""
+    return torch.where(x >= 2**31, x - 2**32, x).int()
+
+
+def set_maxima(probs: torch.Tensor) -> torch.Tensor:
+    """The largest value (R, SET, G) float32 of each screening set of probs (R, V)
+    (`screen_bounds`): SET - 1 elementwise maxima, which stream faster than a reduction."""
+    R, V = probs.shape
+    G = V // BLOCK
+    lanes = probs[:, :BLOCK * G].view(R, SET, SET * G)  # (R, a, b*G)
+    top = lanes[:, 0].clone()  # (R, b*G)
+    for a in range(1, SET):
+        torch.maximum(top, lanes[:, a], out=top)
+    return top.view(R, SET, G)
+
+
+def hash_maxima(keys: torch.Tensor, G: int) -> torch.Tensor:
+    """The largest noise bits (R, SET, G) int32 of each screening set, sign flipped and exact
+    in their high 16 bits only (`token_mix_high_`), for keys (R,). Runs in chunks of blocks that
+    stay in cache."""
+    R = keys.shape[0]
+    width = max(1, min(G, CHUNK // (R * BLOCK)))  # blocks per pass
+    base = (((keys * 0x27D4EB2F) & MASK32) * TOKEN_MUL[0]) & MASK32  # (R,) key part
+    base = as_int32(base)[:, None, None]  # (R, 1, 1)
+    lanes = torch.arange(BLOCK, device=keys.device)[:, None] * G  # (BLOCK, 1)
+    top = torch.empty(R, SET, G, dtype=torch.int32, device=keys.device)  # (R, b, G)
+    x, scratch = (torch.empty(R * BLOCK * width, dtype=torch.int32, device=keys.device)
+                  for _ in range(2))
+    for start in range(0, G, width):
+        w = min(width, G - start)
+        ids = lanes + torch.arange(start, start + w, device=keys.device)  # (BLOCK, w)
+        ids = as_int32((ids * TOKEN_MUL[0]) & MASK32)  # (BLOCK, w) token part of the product
+        bits = torch.add(ids, base, out=x[:R * BLOCK * w].view(R, BLOCK, w))  # (R, a*b, w)
+        token_mix_high_(bits, scratch[:R * BLOCK * w].view(R, BLOCK, w))
+        torch.amax(bits.view(R, SET, SET, w), dim=1, out=top[:, :, start:start + w])
+    return top
+
+
+def row_maxima(probs: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    """The largest value (R,) of each row of probs (R, V), from its set maxima (R, SET, G)
+    (`set_maxima`) and the last V % BLOCK values, which no set holds."""
+    largest = maxima.flatten(1).amax(dim=-1)  # (R,)
+    tail = probs[:, BLOCK * maxima.shape[2]:]  # (R, V % BLOCK)
+    return torch.maximum(largest, tail.amax(dim=-1)) if tail.shape[1] else largest
+
+
+def screens(V: int) -> bool:
+    """Whether `race_screened` screens a vocabulary of V tokens (else it runs `race`)."""
+    return V // BLOCK > CANDIDATE_BLOCKS[0]
+
+
+def screen_bounds(probs: torch.Tensor, keys: torch.Tensor,
+                  maxima: torch.Tensor | None = None) -> torch.Tensor:
+    """A score bound (R, G) float32 of each block of BLOCK tokens of probs (R, V), in units of
+    2**-16 (see BOUND_SCALE), G = V // BLOCK. Token g + G * (SET * a + b) (a, b < SET) is in
+    set (b, g) and block g. A set's bound is its largest probability over its smallest c:
+    c_v = (n_v + 1/2) / 2**32 >= (n_hi + 2**-17) / 2**16 with n_v = 2**32 - 1 - bits_v and
+    n_hi = 2**16 - 1 - (bits_v >> 16); a block's bound is its sets' largest. maxima:
+    `set_maxima(probs)`, where the caller has it."""
+    flipped = hash_maxima(keys, probs.shape[1] // BLOCK)  # (R, SET, G) (hi - 2**15) << 16 | ..
+    n_hi = torch.bitwise_right_shift(flipped, 16).neg_().add_(2**15 - 1)  # (R, SET, G)
+    c = n_hi.float().clamp_min_(2.0**-17)  # (R, SET, G) at most 2**16 c_v of the set's tokens
+    top = set_maxima(probs) if maxima is None else maxima  # (R, SET, G)
+    return torch.div(top, c, out=c).amax(dim=1)  # (R, G)
 
 
 def floored(probs: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor:
@@ -135,26 +196,50 @@ def floored(probs: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor:
     return probs if floor is None else torch.where(probs >= floor[:, None], probs, 0.0)
 
 
-def race_screened(probs: torch.Tensor, keys: torch.Tensor,
-                  floor: torch.Tensor | None = None) -> torch.Tensor:
+def block_tokens(blocks: torch.Tensor, V: int) -> torch.Tensor:
+    """The token ids (R, C) of blocks (R, M) (`screen_bounds`), then of the last V % BLOCK
+    tokens, which no block holds."""
+    R, G = blocks.shape[0], V // BLOCK
+    lanes = torch.arange(BLOCK, device=blocks.device) * G  # (BLOCK,)
+    tail = torch.arange(BLOCK * G, V, device=blocks.device).expand(R, -1)  # (R, V % BLOCK)
+    return torch.cat(((blocks[..., None] + lanes).view(R, -1), tail), dim=1)  # (R, C)
+
+
+def race_blocks(probs: torch.Tensor, keys: torch.Tensor, bounds: torch.Tensor, count: int,
+                floor: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(winner (R,) int64, certain (R,) bool) of the race over `floored(probs, floor)`
+    (R, V) among the `count` blocks with the largest bounds (R, G) (`screen_bounds`): the
+    winner is `race`'s where certain, since a token outside them scores at most its block's
+    bound, below the winner's score."""
+    top = bounds.topk(count + 1, dim=-1)  # (R, M+1)
+    ids = block_tokens(top.indices[:, :-1], probs.shape[1])  # (R, C)
+    tokens, best = race_candidates(floored(probs.gather(1, ids), floor), ids, keys)  # (R,) x2
+    certain = (top.values[:, -1].double() * BOUND_SCALE < best) & (best > SMALLEST_SCORE)
+    return tokens, certain
+
+
+def race_screened(probs: torch.Tensor, keys: torch.Tensor, floor: torch.Tensor | None = None,
+                  bounds: torch.Tensor | None = None) -> torch.Tensor:
     """`race(kept, keys)` (R,) int64, token for token, for kept = probs (R, V) float32 with
     the values below floor (R,) (if given) set to 0, for a few int32/float32 operations per
-    token (the module docstring says how; the bounds of probs bound kept's). One host
-    check; meant for the CPU."""
+    token (the module docstring says how; the bounds of probs bound kept's). bounds:
+    `screen_bounds(probs, keys)`, where the caller has them (or those of larger probs). Host
+    checks; meant for the CPU."""
     R, V = probs.shape
-    groups = V // GROUP  # whole groups; the last V % GROUP tokens always race exactly
-    if groups <= CANDIDATE_GROUPS:
+    if not screens(V):
         return race(floored(probs, floor), keys)
-    top = screen_bounds(probs, keys, groups).topk(CANDIDATE_GROUPS + 1, dim=-1)  # (R, M+1)
-    offsets = torch.arange(GROUP, device=probs.device)  # (GROUP,)
-    ids = (top.indices[:, :-1, None] * GROUP + offsets).view(R, -1)  # (R, M*GROUP)
-    tail = torch.arange(groups * GROUP, V, device=probs.device).expand(R, -1)  # (R, V%GROUP)
-    ids = torch.cat((ids, tail), dim=1)  # (R, C)
-    tokens, best = race_candidates(floored(probs.gather(1, ids), floor), ids, keys)  # (R,) x2
-    # A token outside the candidates scores at most its group's bound, below the winner.
-    certain = top.values[:, -1].double() * BOUND_SCALE < best  # (R,)
-    if not bool(certain.all()):
-        rows = (~certain).nonzero()[:, 0]  # (n,)
-        tokens[rows] = race(floored(probs[rows], None if floor is None else floor[rows]),
-                            keys[rows])
+    counts = [count for count in CANDIDATE_BLOCKS if count < V // BLOCK]
+    bounds = screen_bounds(probs, keys) if bounds is None else bounds  # (R, G)
+    tokens, certain = race_blocks(probs, keys, bounds, counts[0], floor)  # (R,) x2
+    rows = (~certain).nonzero()[:, 0]  # (n,) rows left
+    for count in counts[1:] + [None]:
+        if rows.numel() == 0:
+            break
+        row_floor = None if floor is None else floor[rows]  # (n,)
+        if count is None:
+            tokens[rows] = race(floored(probs[rows], row_floor), keys[rows])
+        else:
+            tokens[rows], certain = race_blocks(probs[rows], keys[rows], bounds[rows], count,
+                                                row_floor)
+            rows = rows[~certain]
     return tokens

@@ -38,9 +38,11 @@ from dataclasses import dataclass, fields
 import torch
 
 from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus
-from mrp_dlm.decoding.race import GROUP, race, race_candidates, race_screened, token_keys
+from mrp_dlm.decoding.race import (race, race_candidates, race_screened, row_maxima,
+                                   screen_bounds, screens, set_maxima, token_keys)
 
 TOP_P_CANDIDATES = 256  # largest top-p nucleus found without a sort of the vocabulary
+GROUP = 64  # tokens per group of `top_candidates` (contiguous ids)
 MAX_TOP_K_CANDIDATES = 1024  # larger top-k truncates the whole vocabulary
 
 
@@ -250,8 +252,11 @@ def top_p_tokens(probs: torch.Tensor, keys: torch.Tensor,
     probability may fill top_p with TOP_P_CANDIDATES tokens tries the candidates. The other
     rows, and those the candidates leave, race over probs: the winner is the nucleus's
     where the nucleus surely holds it (`nucleus.inside_nucleus`; about top_p of the rows),
-    the rest take the floor (`unsettled_tokens`)."""
-    left = probs.amax(dim=-1) * TOP_P_CANDIDATES < sampling.top_p  # (R,) surely wide
+    the rest take the floor (`unsettled_tokens`). The screen's set maxima give the largest
+    probability, and its bounds serve the floor's race too (one pass over probs each)."""
+    maxima = set_maxima(probs) if screens(probs.shape[1]) else None  # (R, SET, G)
+    largest = probs.amax(dim=-1) if maxima is None else row_maxima(probs, maxima)  # (R,)
+    left = largest * TOP_P_CANDIDATES < sampling.top_p  # (R,) surely wide
     tokens = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (R,)
     if not bool(left.all()):
         rows = unsettled_rows(left)  # rows that may be narrow
@@ -260,12 +265,14 @@ def top_p_tokens(probs: torch.Tensor, keys: torch.Tensor,
     if bool(left.any()):
         rows = unsettled_rows(~left)
         racing = probs[rows]  # (n, V)
-        raced = race_screened(racing, keys[rows])  # (n,)
+        bounds = None if maxima is None else screen_bounds(racing, keys[rows], maxima[rows])
+        raced = race_screened(racing, keys[rows], bounds=bounds)  # (n,)
         inside = inside_nucleus(racing, raced, sampling.top_p)  # (n,)
         tokens[rows] = raced
         if not bool(inside.all()):
             outside = left.nonzero()[:, 0][~inside]  # (m,)
-            tokens[outside] = unsettled_tokens(probs[outside], keys[outside], sampling)
+            tokens[outside] = unsettled_tokens(probs[outside], keys[outside], sampling,
+                                               None if bounds is None else bounds[~inside])
     return tokens
 
 
@@ -275,16 +282,16 @@ def unsettled_rows(settled: torch.Tensor) -> torch.Tensor | slice:
     return slice(None) if not bool(settled.any()) else (~settled).nonzero()[:, 0]
 
 
-def unsettled_tokens(probs: torch.Tensor, keys: torch.Tensor,
-                     sampling: SamplingConfig) -> torch.Tensor:
+def unsettled_tokens(probs: torch.Tensor, keys: torch.Tensor, sampling: SamplingConfig,
+                     bounds: torch.Tensor | None = None) -> torch.Tensor:
     """`sample_tokens` (R,) for rows of probs (R, V) no cheaper path could settle: over
     the nucleus floor for top-p alone, else (and where the floor is uncertain, or a split
-    tie wins) over the dense `truncate`."""
+    tie wins) over the dense `truncate`. bounds: the rows' `race.screen_bounds`, if known."""
     V = probs.shape[1]
     if 0 < sampling.top_k < V:
         return race_screened(truncate(probs, sampling.top_k, sampling.top_p), keys)
     wide = nucleus(probs, sampling.top_p)
-    tokens = race_screened(probs, keys, floor=wide.floor)  # (R,)
+    tokens = race_screened(probs, keys, floor=wide.floor, bounds=bounds)  # (R,)
     won = probs.gather(1, tokens[:, None])[:, 0]  # (R,)
     settled = wide.certain & ~(wide.split & (won == wide.floor))  # (R,)
     if not bool(settled.all()):

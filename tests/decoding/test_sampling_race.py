@@ -3,14 +3,14 @@
 The definition is the full-vocabulary computation `propose` ran before the fast path:
 `truncate` over the whole vocabulary, the keyed noise for every token, the float64 race.
 It is written out here once more (`definition_tokens`), and the keyed noise formula is
-pinned as it was (`pinned_uniform_noise`), so a change to either shows. Cases cover every
-path of `sample_tokens`: no truncation (screened race), top-k, top-p, both, top-k ties
-(candidates incomplete), wide nuclei (the nucleus floor, and its forced fallback), top-p
-boundaries that split equal probabilities (narrow and wide, and a split tie that wins),
-the screened race's own fallback (forced with a tiny CANDIDATE_GROUPS), and top-p alone:
-narrow rows through candidates, wide ones (and every row, forced) through the race, its
-winner kept where the nucleus surely keeps it, the other rows (and every raced row,
-forced) through the floor.
+pinned (`pinned_uniform_noise`, and a few of its values), so a change to either shows.
+Cases cover every path of `sample_tokens`: no truncation (screened race), top-k, top-p,
+both, top-k ties (candidates incomplete), wide nuclei (the nucleus floor, and its forced
+fallback), top-p boundaries that split equal probabilities (narrow and wide, and a split
+tie that wins), the screened race's own fallbacks (forced with tiny CANDIDATE_BLOCKS),
+and top-p alone: narrow rows through candidates, wide ones (and every row, forced) through
+the race, its winner kept where the nucleus surely keeps it, the other rows (and every
+raced row, forced) through the floor.
 """
 
 from __future__ import annotations
@@ -21,20 +21,23 @@ import torch
 from mrp_dlm.decoding import nucleus as nucleus_module
 from mrp_dlm.decoding import race as race_module
 from mrp_dlm.decoding import sampling as sampling_module
-from mrp_dlm.decoding.race import (MASK32, mix32, mix32_wrapping_, race, race_screened,
-                                   token_keys, uniform_noise)
+from mrp_dlm.decoding.race import (MASK32, as_int32, mix32, noise_bits, race, race_screened,
+                                   row_maxima, screen_bounds, set_maxima, token_keys,
+                                   token_mix_high_, uniform_noise)
 from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
                                        top_candidates, truncate)
 
 
 def pinned_uniform_noise(seed, positions, draw, vocab):
-    """The keyed noise exactly as the library first wrote it (one expression)."""
+    """The keyed noise written out once more: a strong hash of (seed, draw, position) is
+    the key, then (key, token) -> multiply, xorshift 15, multiply, xorshift 16."""
     seed = torch.as_tensor(seed, dtype=torch.long)
     key = mix32((mix32(seed & MASK32) + draw.long() * 0x85EBCA77) & MASK32)
     key = mix32((positions.long() * 0xC2B2AE3D + key.expand(positions.shape[0])[:, None])
                 & MASK32)
-    bits = mix32((key[..., None] * 0x27D4EB2F + torch.arange(vocab)) & MASK32)
-    return (bits.double() + 0.5) / 2.0**32
+    x = (((key[..., None] * 0x27D4EB2F + torch.arange(vocab)) & MASK32) * 0x7FEB352D) & MASK32
+    x = ((x ^ (x >> 15)) * 0x45D9F3B) & MASK32
+    return ((x ^ (x >> 16)).double() + 0.5) / 2.0**32
 
 
 def definition_tokens(probs, sampling, positions, draw):
@@ -66,21 +69,14 @@ def rows_passed(monkeypatch, name: str) -> list[int]:
     return rows
 
 
-def test_int32_hash_is_the_int64_hash_bit_for_bit():
-    values = torch.cat((torch.tensor([0, 1, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1]),
-                        torch.randint(0, 2**32, (10_000,), generator=torch.Generator()
-                                      .manual_seed(0))))  # (N,) int64 in [0, 2**32)
-    as_int32 = torch.where(values >= 2**31, values - 2**32, values).int()  # two's complement
-    got = mix32_wrapping_(as_int32.clone(), torch.empty_like(as_int32)).long() & MASK32
-    assert torch.equal(got, mix32(values))
-
-
-def test_noise_is_unchanged():
+def test_noise_is_pinned():
     positions = torch.tensor([[0, 5, 9], [130, 131, 4000]])
     draw = torch.tensor([0, 7])
     for seed in (0, 1, 2**40 + 3, torch.tensor([5, 2**33])):
         assert torch.equal(uniform_noise(seed, positions, draw, 1000),
                            pinned_uniform_noise(seed, positions, draw, 1000))
+    bits = uniform_noise(7, torch.tensor([[64]]), torch.tensor([3]), 5) * 2**32 - 0.5
+    assert bits.view(-1).tolist() == [3144836779, 1710718002, 3120401995, 839900455, 2105853967]
 
 
 @pytest.mark.parametrize("V", [1000, 4099, 151_936])
@@ -94,22 +90,72 @@ def test_screened_race_is_the_race(V, scale):
 
 
 def test_screened_race_falls_back_where_it_cannot_certify(monkeypatch):
-    probs, sampling, positions, draw = case(4099, 0.3, B=2, L=8)
-    kept = torch.zeros(16, 4099)
-    kept[:, ::64] = 1 / 65  # 65 equal tokens, each in its own group: bounds reach the winner
+    """64 equal tokens, one per block: several blocks' bounds reach the winner's score, so
+    one candidate block certifies some rows, three certify more, and the rest take `race`."""
+    probs, sampling, positions, draw = case(4099, 0.3, B=2, L=32)
+    kept = torch.zeros(64, 4099)
+    kept[:, :64] = 1 / 64  # token g is in block g (4099 // 64 = 64 blocks)
     keys = token_keys(sampling.seed, positions, draw).view(-1)
-    fallbacks = []
+    tiers, fallbacks = [], []
+    original = race_module.race_blocks
+
+    def counted_blocks(probs, keys, bounds, count, floor):
+        tokens, certain = original(probs, keys, bounds, count, floor)
+        tiers.append((probs.shape[0], int(certain.sum())))
+        return tokens, certain
 
     def counted_race(kept, keys):
         fallbacks.append(kept.shape[0])
         return race(kept, keys)
 
-    monkeypatch.setattr(race_module, "CANDIDATE_GROUPS", 1)
+    monkeypatch.setattr(race_module, "CANDIDATE_BLOCKS", (1, 3))
+    monkeypatch.setattr(race_module, "race_blocks", counted_blocks)
     monkeypatch.setattr(race_module, "race", counted_race)
     got = race_screened(kept, keys)
     monkeypatch.undo()
-    assert fallbacks and 0 < fallbacks[0] < kept.shape[0]  # some rows certified, some not
+    assert len(tiers) == 2 and 0 < tiers[0][1] < 64 and tiers[1][0] == 64 - tiers[0][1]
+    assert 0 < tiers[1][1] and fallbacks == [tiers[1][0] - tiers[1][1]] and fallbacks[0] > 0
     assert torch.equal(got, race(kept, keys))
+
+
+def test_int32_token_mix_has_the_high_bits_and_flips_the_sign():
+    """In int32, wrapping: the high 16 noise bits of (key, token), bit for bit, at the
+    edges and on 10,000 random pairs."""
+    generator = torch.Generator().manual_seed(1)
+    keys = torch.cat((torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 1]),
+                      torch.randint(0, 2**32, (10_000,), generator=generator)))  # (N,)
+    tokens = torch.randint(0, 2**18, keys.shape, generator=generator)  # (N,)
+    product = ((((keys * 0x27D4EB2F) & MASK32) * 0x7FEB352D + tokens * 0x7FEB352D) & MASK32)
+    x = as_int32(product)  # (N,) int32
+    flipped = token_mix_high_(x, torch.empty_like(x)).long() + 2**31  # (N,)
+    assert torch.equal(flipped >> 16, noise_bits(keys, tokens) >> 16)
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+def test_screen_bounds_bound_every_score(scale):
+    """Each block's bound (in units of 2**-16) is at least every score of its tokens, or
+    below SMALLEST_SCORE with them (std 30: subnormal probabilities); the set layout puts
+    token g + G * k in block g."""
+    V = 20_011
+    probs, sampling, positions, draw = case(V, scale, B=2, L=8)
+    probs = probs.view(-1, V)  # (R, V)
+    keys = token_keys(sampling.seed, positions, draw).view(-1)  # (R,)
+    G = V // race_module.BLOCK
+    score = probs.double() / -uniform_noise(sampling.seed, positions, draw, V).view(-1, V).log()
+    by_block = score[:, :G * race_module.BLOCK].view(-1, race_module.BLOCK, G).amax(dim=1)
+    bounds = screen_bounds(probs, keys).double() * race_module.BOUND_SCALE  # (R, G)
+    assert bool((bounds.clamp_min(race_module.SMALLEST_SCORE) >= by_block).all())
+    relevant = by_block > race_module.SMALLEST_SCORE  # (R, G)
+    assert float((bounds / by_block)[relevant].median()) < 16  # and not vacuous
+
+
+@pytest.mark.parametrize("V", [4099, 4096])
+def test_row_maxima_from_the_set_maxima(V):
+    """The largest probability from the screen's set maxima and the tail (none at 4096)."""
+    probs, *_ = case(V, 2.0)
+    flat = probs.view(-1, V)
+    flat[0, -1] = 1.0  # a row whose largest value is its last token
+    assert torch.equal(row_maxima(flat, set_maxima(flat)), flat.amax(dim=-1))
 
 
 def test_top_candidates_are_the_top_values():
