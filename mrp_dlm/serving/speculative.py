@@ -60,7 +60,7 @@ from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
 from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.stats import stats_of
-from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
+from mrp_dlm.serving.verify_batch import HeldRows, Scratch, build_rows_batch, reserve
 
 
 @dataclass
@@ -153,6 +153,7 @@ class MrpSpeculative(MrpAlgorithm):
         self.planner = DraftPlanner(self.lookahead, self.serving.adaptive,  # by size bucket
                                     head=self.serving.head is not None)
         self.last_draft = (0, 0, 0.0)  # drafts after the first, head steps, seconds: the last
+        self.held: Optional[HeldRows] = None  # request-table rows for pending drafts
 
     def run(self, model_runner, forward_batch, algo_states=None):
         B, L = forward_batch.batch_size, self.block_size
@@ -160,7 +161,8 @@ class MrpSpeculative(MrpAlgorithm):
         probe = self.planner.probe(bucket)
         timer = Timer(forward_batch.input_ids.device, enabled=probe is not None)
         states = self.carried_states(forward_batch, algo_states)
-        scratch = Scratch(model_runner)
+        held = self.held_rows(model_runner)
+        scratch = Scratch(held)
         try:
             rounds = self.plan_rounds(scratch, forward_batch, states)
             chains = Chains.of(rounds)
@@ -176,23 +178,47 @@ class MrpSpeculative(MrpAlgorithm):
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
-        verdicts = torch.cat([settled.eligible.any(dim=1)[:, None], settled.accepted[:, None],
-                              chains.valid], dim=1).long().tolist()  # host read 1: the verdicts
-        self.record(rounds, verdicts)  # before the plan, which reads the acceptance
+        plan = self.planner.plan(bucket)
+        spare = held.spare()  # rows a verify could get now: none on a full request table
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
-                                 self.planner.plan(bucket), timer,
-                                 [i for i, row in enumerate(verdicts) if row[0]])
-        ids = drafted.last.reshape(-1).to(forward_batch.input_ids.dtype)  # (B*L,)
-        forward_batch.input_ids.copy_(ids)
-        read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None]],
-                         dim=1).long().tolist()  # host read 2: SGLang's answer
+                                 plan, timer, self.drafters(held, plan, settled.eligible))
+        forward_batch.input_ids.copy_(drafted.last.reshape(-1).to(forward_batch.input_ids.dtype))
+        read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None],
+                          settled.accepted[:, None], chains.valid], dim=1).long().tolist()
+        # ^ the one host read: SGLang's answer (next ids, done), pending drafts, verdicts
+        self.record(rounds, [row[L + 2:] for row in read])  # counts from the next plan on
         done = [bool(row[L]) for row in read]
         for i, state in enumerate(states):
             state.accepted = drafted.first[i]  # the backbone's own step: exact
             state.drafts = drafted.of(i) if read[i][L + 1] else None
-        self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]], done)
+        held.keep(sum(s.drafts.states.shape[1] - 1 for s in states if s.drafts is not None))
+        if spare:  # on a full table no request drafts: the head's keys would go unread
+            self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]],
+                            done)
         return (out.logits_output, [row[:L] for row in read], [L if d else 0 for d in done],
                 [None if d else s for s, d in zip(states, done)], out.can_run_graph)
+
+    def held_rows(self, model_runner) -> HeldRows:
+        """The request-table rows this algorithm holds for pending drafts (`verify_batch`)."""
+        if self.held is None or self.held.runner is not model_runner:
+            self.held = HeldRows(model_runner)
+        return self.held
+
+    def drafters(self, held: HeldRows, plan: tuple[str, ...], eligible: torch.Tensor
+                 ) -> list[int]:
+        """The requests that draft the plan's later drafts this call: as many as the held
+        rows (topped up from free ones) let verify next call, len(plan) rows each. When
+        rows are short, the requests with masks left come first (a second host read, only
+        then); a request left out takes the rule's own step, as LowConfidence's. eligible:
+        (B, L) bool, the masked positions of each accepted state."""
+        B = eligible.shape[0]
+        if not plan:
+            return []
+        budget = min(held.gather(len(plan) * B) // len(plan), B)
+        if budget in (0, B):  # none, or all (a block without masks stops its chain at once)
+            return list(range(budget))
+        masked = eligible.any(dim=1).tolist()  # (B,) host read: which requests draft
+        return [i for i, left in enumerate(masked) if left][:budget]
 
     def carried_states(self, forward_batch, algo_states) -> list[BlockState]:
         B, L = forward_batch.batch_size, self.block_size
@@ -258,18 +284,18 @@ class MrpSpeculative(MrpAlgorithm):
     def draft_all(self, model_runner, forward_batch, settled: Settled, positions: torch.Tensor,
                   sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer,
                   requests: list[int]) -> "Drafted":
-        """Draft 1 (the backbone's own step on the seed, accepted at once: even a request
-        that never gets scratch rows advances one step per forward) and the plan's later
-        drafts, in one batched chain over `requests`, those with masks left (a done block
-        or a store costs no head steps)."""
+        """Draft 1 (the backbone's own step on the seed, accepted at once: a request that
+        drafts nothing advances one step per forward, as LowConfidence's) for every request,
+        and the plan's later drafts in one batched chain over `requests` (a block without
+        masks stops the chain at once: its drafts are invalid, none stays pending)."""
         B = settled.block.shape[0]
         none = torch.zeros(B, dtype=torch.bool, device=settled.block.device)  # (B,)
-        if not plan:  # the rule's own step, as LowConfidence takes it
-            first = rule_steps(settled.seed.logits, settled.block, settled.eligible,
-                               self.mask_id, positions, self.threshold, sampling)  # (B, L)
-            return Drafted(first, first, none)
+        drafting = set(requests)
+        rest = [i for i in range(B) if i not in drafting]
+        first = settled.block if not rest else self.rule_steps_of(settled, positions,
+                                                                  sampling, rest)  # (B, L)
         if not requests:
-            return Drafted(settled.block, settled.block, none)
+            return Drafted(first, first, none)
         timer.start()
         index = torch.tensor(requests, device=settled.block.device)  # (R,)
         context = self.head_context(model_runner, forward_batch, requests) \
@@ -279,24 +305,36 @@ class MrpSpeculative(MrpAlgorithm):
         drafts = draft(context, self.model_parts(model_runner)[1], seed, rows, plan,
                        self.threshold, select_rows(sampling, index))  # (R, m, L)
         self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
-        first = settled.block.index_copy(0, index, drafts.states[:, 0])  # (B, L)
+        first = first.index_copy(0, index, drafts.states[:, 0])  # (B, L)
         if drafts.states.shape[1] == 1:
             return Drafted(first, first, none)
-        return Drafted(first, settled.block.index_copy(0, index, drafts.states[:, -1]),
+        return Drafted(first, first.index_copy(0, index, drafts.states[:, -1]),
                        none.index_copy(0, index, drafts.valid[:, 1]), drafts, tuple(requests))
 
+    def rule_steps_of(self, settled: Settled, positions: torch.Tensor,
+                      sampling: SamplingConfig, rows: list[int]) -> torch.Tensor:
+        """Every request's block (B, L), the rule's own step taken on `rows` of them."""
+        if len(rows) == settled.block.shape[0]:
+            return rule_steps(settled.seed.logits, settled.block, settled.eligible,
+                              self.mask_id, positions, self.threshold, sampling)  # (B, L)
+        index = torch.tensor(rows, device=settled.block.device)  # (R,)
+        steps = rule_steps(settled.seed.logits[index], settled.block[index],
+                           settled.eligible[index], self.mask_id, positions[index],
+                           self.threshold, select_rows(sampling, index))  # (R, L)
+        return settled.block.index_copy(0, index, steps)  # (B, L)
+
     def record(self, rounds: list[Round], verdicts: list[list[int]]) -> None:
-        """The verify rounds' verdicts, from the host copy `verdicts` (per request: masks
-        left, accepted, chain validity): the planner, per drafting plan, and the serving
-        stats, per request."""
+        """The verify rounds' verdicts, from the host copy `verdicts` (per request:
+        accepted, chain validity): the planner, per drafting plan, and the serving stats,
+        per request."""
         by_sources: dict[tuple[str, ...], list[int]] = {}
         for i, round_ in enumerate(rounds):
             if round_.sources:
                 by_sources.setdefault(round_.sources, []).append(i)
         for sources, requests in by_sources.items():
             m = len(sources) + 1
-            accepted = [verdicts[i][1] for i in requests]  # (R,)
-            valid = [verdicts[i][2:2 + m] for i in requests]  # (R, m)
+            accepted = [verdicts[i][0] for i in requests]  # (R,)
+            valid = [verdicts[i][1:1 + m] for i in requests]  # (R, m)
             record_round(self.planner, sources, torch.tensor(accepted),
                          torch.tensor(valid, dtype=torch.bool))  # host tensors: no device read
             for n, row in zip(accepted, valid):
