@@ -180,8 +180,9 @@ class MrpSpeculative(MrpAlgorithm):
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
         plan = self.planner.plan(bucket)
         spare = held.spare()  # rows a verify could get now: none on a full request table
+        requests, plan = self.drafters(held, plan, settled.eligible)
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
-                                 plan, timer, self.drafters(held, plan, settled.eligible))
+                                 plan, timer, requests)
         forward_batch.input_ids.copy_(drafted.last.reshape(-1).to(forward_batch.input_ids.dtype))
         read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None],
                           settled.accepted[:, None], chains.valid], dim=1).long().tolist()
@@ -205,20 +206,22 @@ class MrpSpeculative(MrpAlgorithm):
         return self.held
 
     def drafters(self, held: HeldRows, plan: tuple[str, ...], eligible: torch.Tensor
-                 ) -> list[int]:
-        """The requests that draft the plan's later drafts this call: as many as the held
-        rows (topped up from free ones) let verify next call, len(plan) rows each. When
-        rows are short, the requests with masks left come first (a second host read, only
-        then); a request left out takes the rule's own step, as LowConfidence's. eligible:
-        (B, L) bool, the masked positions of each accepted state."""
+                 ) -> tuple[list[int], tuple[str, ...]]:
+        """The requests that draft this call and the plan they draft: as many drafts as the
+        held rows (topped up from free ones) let verify next call, one row each. With rows
+        for the whole plan of every request, all draft it (a block without masks stops its
+        chain at once); with fewer, the requests with masks left share them (a second host
+        read, only then), each the same first drafts of the plan: a first draft is the one
+        most often accepted, so several requests' first drafts gain more than one request's
+        deeper ones. A request left out takes the rule's own step, as LowConfidence's.
+        eligible: (B, L) bool, the masked positions of each accepted state."""
         B = eligible.shape[0]
-        if not plan:
-            return []
-        budget = min(held.gather(len(plan) * B) // len(plan), B)
-        if budget in (0, B):  # none, or all (a block without masks stops its chain at once)
-            return list(range(budget))
-        masked = eligible.any(dim=1).tolist()  # (B,) host read: which requests draft
-        return [i for i, left in enumerate(masked) if left][:budget]
+        rows = held.gather(len(plan) * B) if plan else 0
+        if rows >= len(plan) * B or not rows:
+            return (list(range(B)), plan) if rows else ([], ())
+        masked = [i for i, left in enumerate(eligible.any(dim=1).tolist()) if left]  # host read
+        depth = rows // max(len(masked), 1)
+        return (masked, plan[:depth]) if depth else (masked[:rows], plan[:1])
 
     def carried_states(self, forward_batch, algo_states) -> list[BlockState]:
         B, L = forward_batch.batch_size, self.block_size
