@@ -60,7 +60,7 @@ from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
 from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.stats import stats_of
-from mrp_dlm.serving.verify_batch import HeldRows, Scratch, build_rows_batch, reserve
+from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve, spare_rows
 
 
 @dataclass
@@ -153,7 +153,6 @@ class MrpSpeculative(MrpAlgorithm):
         self.planner = DraftPlanner(self.lookahead, self.serving.adaptive,  # by size bucket
                                     head=self.serving.head is not None)
         self.last_draft = (0, 0, 0.0)  # drafts after the first, head steps, seconds: the last
-        self.held: Optional[HeldRows] = None  # request-table rows for pending drafts
 
     def run(self, model_runner, forward_batch, algo_states=None):
         B, L = forward_batch.batch_size, self.block_size
@@ -161,8 +160,7 @@ class MrpSpeculative(MrpAlgorithm):
         probe = self.planner.probe(bucket)
         timer = Timer(forward_batch.input_ids.device, enabled=probe is not None)
         states = self.carried_states(forward_batch, algo_states)
-        held = self.held_rows(model_runner)
-        scratch = Scratch(held)
+        scratch = Scratch(model_runner)
         try:
             rounds = self.plan_rounds(scratch, forward_batch, states)
             chains = Chains.of(rounds)
@@ -178,9 +176,8 @@ class MrpSpeculative(MrpAlgorithm):
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
-        plan = self.planner.plan(bucket)
-        spare = held.spare()  # rows a verify could get now: none on a full request table
-        requests, plan = self.drafters(held, plan, settled.eligible)
+        spare = spare_rows(model_runner, L)  # for the next verify: none on a full table
+        requests, plan = self.drafters(spare, self.planner.plan(bucket), settled.eligible)
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
                                  plan, timer, requests)
         forward_batch.input_ids.copy_(drafted.last.reshape(-1).to(forward_batch.input_ids.dtype))
@@ -192,33 +189,28 @@ class MrpSpeculative(MrpAlgorithm):
         for i, state in enumerate(states):
             state.accepted = drafted.first[i]  # the backbone's own step: exact
             state.drafts = drafted.of(i) if read[i][L + 1] else None
-        held.keep(sum(s.drafts.states.shape[1] - 1 for s in states if s.drafts is not None))
         if spare:  # on a full table no request drafts: the head's keys would go unread
             self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]],
                             done)
         return (out.logits_output, [row[:L] for row in read], [L if d else 0 for d in done],
                 [None if d else s for s, d in zip(states, done)], out.can_run_graph)
 
-    def held_rows(self, model_runner) -> HeldRows:
-        """The request-table rows this algorithm holds for pending drafts (`verify_batch`)."""
-        if self.held is None or self.held.runner is not model_runner:
-            self.held = HeldRows(model_runner)
-        return self.held
-
-    def drafters(self, held: HeldRows, plan: tuple[str, ...], eligible: torch.Tensor
+    def drafters(self, rows: int, plan: tuple[str, ...], eligible: torch.Tensor
                  ) -> tuple[list[int], tuple[str, ...]]:
-        """The requests that draft this call and the plan they draft: as many drafts as the
-        held rows (topped up from free ones) let verify next call, one row each. With rows
-        for the whole plan of every request, all draft it (a block without masks stops its
-        chain at once); with fewer, the requests with masks left share them (a second host
-        read, only then), each the same first drafts of the plan: a first draft is the one
-        most often accepted, so several requests' first drafts gain more than one request's
-        deeper ones. A request left out takes the rule's own step, as LowConfidence's.
-        eligible: (B, L) bool, the masked positions of each accepted state."""
+        """The requests that draft this call and the plan they draft: only as many drafts
+        as `rows`, the rows free now, can verify next call (one row each; drafts that find
+        no rows are thrown away). With rows for the whole plan of every request, all draft
+        it (a block without masks stops its chain at once); with fewer, the requests with
+        masks left share them (a second host read, only then), each the same first drafts
+        of the plan: a first draft is the one most often accepted, so several requests'
+        first drafts gain more than one request's deeper ones. A request left out takes the
+        rule's own step, as LowConfidence's. eligible: (B, L) bool, the masked positions of
+        each accepted state."""
         B = eligible.shape[0]
-        rows = held.gather(len(plan) * B) if plan else 0
-        if rows >= len(plan) * B or not rows:
-            return (list(range(B)), plan) if rows else ([], ())
+        if not plan or not rows:
+            return [], ()
+        if rows >= len(plan) * B:
+            return list(range(B)), plan
         masked = [i for i, left in enumerate(eligible.any(dim=1).tolist()) if left]  # host read
         depth = rows // max(len(masked), 1)
         return (masked, plan[:depth]) if depth else (masked[:rows], plan[:1])

@@ -2,12 +2,12 @@
 
 SGLang runs a dLLM forward with exactly L tokens per row, each row attending to its cached
 prefix (through its request-table row) and to itself. A candidate state of a request gets
-a request-table row holding a copy of the request's prefix slot ids plus L scratch KV
-slots; the request's own row carries its last candidate. The scratch slots are freed
-before `run()` returns. The rows are held (`HeldRows`) from the call that drafts to the
-call that verifies: SGLang's scheduler admits requests between calls into free rows, so
-only rows the plugin holds are sure to be there; every row beyond what pending drafts
-need goes back to SGLang at the end of each call.
+a temporary request-table row holding a copy of the request's prefix slot ids plus L
+scratch KV slots; the request's own row carries its last candidate. Everything temporary
+is freed before `run()` returns, so SGLang's scheduler never sees it. It could not be held
+longer: SGLang sizes the request table to its running-request cap, and a dLLM request
+admitted without a free row stalls every batch (prefill batches go first), so a row held
+between calls can stop the server.
 
 These are SGLang internals that changed twice in 2026 (`ReqToTokenPool.alloc_rows` /
 `free_rows`, the KV location plan of a ForwardBatch): this module is the one place that
@@ -43,50 +43,6 @@ def check_sglang_version() -> None:
 
 
 @dataclass
-class HeldRows:
-    """Request-table rows the plugin holds from the call that drafts to the call that
-    verifies the drafts. SGLang's scheduler admits requests between two calls into any free
-    row, so a row free when a request drafts may be gone when it verifies (then the drafts
-    were thrown away); a held row is out of SGLang's free list. While held, a row is also
-    out of the pool's `size`, so that SGLang's idle leak check (free rows + session rows ==
-    size) balances whenever the plugin holds some."""
-
-    runner: object  # SGLang ModelRunner (its request table)
-    rows: list[int] = field(default_factory=list)  # held, in no request's name
-
-    def gather(self, count: int) -> int:
-        """Hold up to `count` rows: those held already, then free ones; how many it holds."""
-        pool = self.runner.req_to_token_pool
-        want = min(count - len(self.rows), pool.available_size())
-        taken = pool.alloc_rows(want) if want > 0 else None
-        if taken:
-            self.rows += taken
-            pool.size -= len(taken)
-        return len(self.rows)
-
-    def spare(self) -> int:
-        """Rows a verify could have now: those held and those free."""
-        return len(self.rows) + self.runner.req_to_token_pool.available_size()
-
-    def keep(self, count: int) -> None:
-        """Give SGLang back every held row beyond the first `count`."""
-        surplus = self.rows[count:]
-        if surplus:
-            del self.rows[count:]
-            pool = self.runner.req_to_token_pool
-            pool.free_rows(surplus)
-            pool.size += len(surplus)
-
-    def take(self, count: int) -> list[int] | None:
-        """`count` held rows for one call's verify (free ones added if short), or None."""
-        if self.gather(count) < count:
-            return None
-        rows = self.rows[-count:]
-        del self.rows[-count:]
-        return rows
-
-
-@dataclass
 class Reservation:
     """Temporary rows and scratch slots of one request's extra candidates."""
 
@@ -97,33 +53,42 @@ class Reservation:
 
 @dataclass
 class Scratch:
-    """All reservations of one `run()`; `release` frees their slots and hands their rows
-    back to `held` (idempotent)."""
+    """All reservations of one `run()`; `release` frees them (idempotent)."""
 
-    held: HeldRows  # where the rows come from and go back to
+    runner: object  # SGLang ModelRunner (its pools)
     reservations: list[Reservation] = field(default_factory=list)
 
     def release(self) -> None:
         for item in self.reservations:
-            self.held.rows += item.rows
-            self.held.runner.token_to_kv_pool_allocator.free(item.slots)
+            self.runner.req_to_token_pool.free_rows(item.rows)
+            self.runner.token_to_kv_pool_allocator.free(item.slots)
         self.reservations = []
+
+
+def spare_rows(runner, block_size: int) -> int:
+    """How many extra rows `reserve` could give now: free request-table rows, each with L
+    free KV slots. Counted at draft time for the next call's verify: SGLang's scheduler
+    keeps the request table as large as its running-request cap, so rows are free only
+    while fewer requests run (a request admitted between the calls may take one)."""
+    pool, allocator = runner.req_to_token_pool, runner.token_to_kv_pool_allocator
+    if block_size % getattr(allocator, "page_size", 1):
+        return 0
+    return min(pool.available_size(), allocator.available_size() // block_size)
 
 
 def reserve(scratch: Scratch, forward_batch, request: int, count: int, block_size: int
             ) -> Reservation | None:
-    """`count` extra rows (held ones first) for `request` with the prefix copied in, and
-    count * L fresh KV slots; None when rows or slots run short (nothing is kept then)."""
-    runner = scratch.held.runner
-    pool, allocator = runner.req_to_token_pool, runner.token_to_kv_pool_allocator
+    """`count` extra rows for `request` with the prefix copied in, or None when rows or
+    slots run short (nothing is kept then)."""
+    pool, allocator = scratch.runner.req_to_token_pool, scratch.runner.token_to_kv_pool_allocator
     if count * block_size % getattr(allocator, "page_size", 1):
         return None
-    rows = scratch.held.take(count)
+    rows = pool.alloc_rows(count)
     if rows is None:
         return None
     slots = allocator.alloc(count * block_size)
     if slots is None:
-        scratch.held.rows += rows
+        pool.free_rows(rows)
         return None
     prefix = int(forward_batch.extend_prefix_lens_cpu[request])
     own_row = int(forward_batch.req_pool_indices_cpu[request]) \

@@ -127,12 +127,13 @@ def test_the_accept_steps_only_candidates_with_a_successor(monkeypatch):
     assert sum(stepped) == runner.rows - sum(requests) > 0, (sum(stepped), runner.rows)
 
 
-def test_drafts_keep_their_rows_when_the_scheduler_fills_the_table(monkeypatch):
-    """SGLang's scheduler admits requests between two calls into any free request-table
-    row: here, before every other call, other requests take every free row (and leave
-    before the next). Drafts made while rows were free still verify next call (the rows
-    they need are held), no verify falls back, and after the last call every held row is
-    SGLang's again (the pool's size and free rows as before)."""
+@pytest.mark.parametrize("admitting", [False, True])
+def test_drafts_only_what_the_free_rows_can_verify(monkeypatch, admitting):
+    """With free request-table rows for fewer drafts than the plan's for every request,
+    the requests share them and each draft finds its row next call: no verify falls back.
+    `admitting`: before every other call other requests take every free row (SGLang's
+    scheduler admits requests between calls), so drafts made on the call before fall back;
+    the output is still LowConfidence's, and the table is left as it was found."""
     block_size, threshold = 4, 0.9
     model = backbone(5, block_size, True)
     prompts = rule_prompts(5, block_size, True, threshold)
@@ -144,10 +145,9 @@ def test_drafts_keep_their_rows_when_the_scheduler_fills_the_table(monkeypatch):
     others: list[int] = []  # the rows the other requests hold
 
     def admit(round_: int) -> None:
-        if others:
-            pool.free_rows(others)
-            others.clear()
-        if round_ % 2:
+        pool.free_rows(others)
+        others.clear()
+        if admitting and round_ % 2:
             others.extend(pool.alloc_rows(pool.available_size()))
 
     fallbacks, reserve = [], plugin.reserve
@@ -163,9 +163,7 @@ def test_drafts_keep_their_rows_when_the_scheduler_fills_the_table(monkeypatch):
     pool.free_rows(others)
     assert tuple(tuple(r) for r in got) == low_confidence(5, block_size, True, threshold)[0]
     assert len(fallbacks) > runner.forwards // 3, "few drafts: a weak test"
-    assert not any(fallbacks), f"{sum(fallbacks)} of {len(fallbacks)} verifies fell back"
-    assert runner.rows > runner.forwards * len(prompts) // 2
-    assert pool.size == len(prompts) + 6
+    assert any(fallbacks) == admitting, f"{sum(fallbacks)} of {len(fallbacks)} fell back"
     assert pool.available_size() == 6  # the prompts' own rows are the fake scheduler's
 
 
