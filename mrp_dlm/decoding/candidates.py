@@ -165,21 +165,26 @@ class SpareHits:
         self.hits = [a + b for a, b in zip(self.hits, counts[1:])]
 
 
-def best_size(rates: list[float], rescues: list[list[float]], copy_costs: dict[int, float]) -> int:
-    """The set size of highest worth for a plan of D later drafts, in denoise forwards:
+def best_size(rates: list[float], rescues: list[list[float]], copy_costs: dict[int, float],
+              plan: tuple[float, float]) -> int:
+    """The set size of highest rate (steps per denoise forward, as `drafting.best_plan`
+    rates plans) for a plan of D later drafts that advances plan = (1 + its expected
+    steps, 1 + its cost) per round alone; sets of c add
 
-        sum_d P(drafts before d stood) (1 - rates[d]) rescue_c(d) - (c - 1) D copy_c
+        sum_d P(drafts before d stood) (1 - rates[d]) rescue_c(d)  steps for  (c - 1) D copy_c
 
     rates: (D,) each draft's acceptance; rescues: (D,) per draft, the rescue share of each
     size 1..MOST_CANDIDATES (`SpareHits.rescue`); copy_costs: size c > 1 -> one alternative's
     verify copy cost in rounds with sets of c.
     """
-    best, best_worth = 1, 0.0
+    steps, cost = plan
+    best, best_rate = 1, steps / cost
     for size in range(2, MOST_CANDIDATES + 1):
-        worth, reach = -(size - 1) * len(rates) * copy_costs[size], 1.0
+        gained, reach = 0.0, 1.0
         for rate, rescue in zip(rates, rescues):
-            worth += reach * (1 - rate) * rescue[size - 1]
+            gained += reach * (1 - rate) * rescue[size - 1]
             reach *= rate
-        if worth > best_worth:
-            best, best_worth = size, worth
+        rate = (steps + gained) / (cost + (size - 1) * len(rates) * copy_costs[size])
+        if rate > best_rate:
+            best, best_rate = size, rate
     return best

@@ -7,14 +7,17 @@ of two sources, chosen per depth:
   head forward at all: the training-free drafts of FreeDave-style decoders).
 Either costs one more verify copy; a head draft also costs its head step. A draft saves one
 step of the rule (one backbone forward) when it and every draft before it are accepted. So
-a round's plan (a sequence of sources, at most the lookahead long) is worth
+a round with a plan (a sequence of sources, at most the lookahead long) advances
 
-    sum_j P(drafts 1..j all accepted) - sum_j cost(source_j)
+    1 + sum_j P(drafts 1..j all accepted)  steps for  1 + sum_j cost(source_j)
 
-in denoise forwards, and the plan run is the one of highest worth (none: the rule's own
-step). P multiplies the running acceptance rates of each draft's source at its depth
+denoise forwards, and the plan run is the one of highest rate, steps over forwards (none,
+the rule's own step, has rate 1). Rounds repeat with the same rates and costs, so the
+decode's speed is that rate: maximising the steps saved minus the cost instead would run
+drafts that pay less than the round's own rate (on this CPU, a third self-draft at τ = 1).
+P multiplies the running acceptance rates of each draft's source at its depth
 (`Acceptance`, per source and depth). With one rate per source, putting the higher rate
-first never lowers the worth (swapping two neighbours changes only the reach between
+first never lowers the rate (swapping two neighbours changes only the reach between
 them), so the best plan is some drafts of one source followed by some of the other; with
 rates that fall with depth this stays the family searched (`best_plan`, both orders).
 The costs are learnt per batch size from the decode's own first rounds (`CostProbe`: a
@@ -43,7 +46,9 @@ Shapes: B batch, L block size, D drafts after the first.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -120,25 +125,29 @@ def verdicts(accepted: torch.Tensor, valid: torch.Tensor) -> list[tuple[int, int
 
 
 def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int) -> tuple[str, ...]:
-    """The sources of the plan of highest worth (module docstring), at most `most` drafts:
+    """The sources of the plan of highest rate (module docstring), at most `most` drafts:
     a drafts of one source, then b of the other; rates: per source, the acceptance at each
     depth 0..most-1."""
-    best, best_worth = (), 0.0
+    best, best_rate = (), 1.0  # no drafts: one step per forward
+
+    def rate(steps: float, cost: float) -> float:
+        return (1.0 + steps) / (1.0 + cost)
+
     for first in rates:
         second = next((s for s in rates if s != first), first)
-        worth_a, reach_a = 0.0, 1.0
+        steps_a, cost_a, reach_a = 0.0, 0.0, 1.0
         for a in range(most + 1):
             if a:
                 reach_a *= rates[first][a - 1]
-                worth_a += reach_a - costs.of(first)
-            worth, reach = worth_a, reach_a
+                steps_a, cost_a = steps_a + reach_a, cost_a + costs.of(first)
+            steps, cost, reach = steps_a, cost_a, reach_a
             for b in range(1, most - a + 1):
                 reach *= rates[second][a + b - 1]
-                worth += reach - costs.of(second)
-                if worth > best_worth:
-                    best, best_worth = (first,) * a + (second,) * b, worth
-            if worth_a > best_worth:
-                best, best_worth = (first,) * a, worth_a
+                steps, cost = steps + reach, cost + costs.of(second)
+                if rate(steps, cost) > best_rate:
+                    best, best_rate = (first,) * a + (second,) * b, rate(steps, cost)
+            if rate(steps_a, cost_a) > best_rate:
+                best, best_rate = (first,) * a, rate(steps_a, cost_a)
     return best
 
 
@@ -239,7 +248,7 @@ class DraftPlanner:
 
     def plan(self, key: int) -> tuple[str, ...]:
         """The sources of the next round's drafts after the first: the lookahead's from the
-        head (self-drafts without one); adaptive, the plan of highest worth, an exploring
+        head (self-drafts without one); adaptive, the plan of highest rate, an exploring
         one every EXPLORE_EVERY-th round, or the next probe round's while the costs of
         `key` are being learnt."""
         if not self.adaptive:
@@ -281,7 +290,8 @@ class DraftPlanner:
             return 1
         rescues = [[self.spares[source].rescue(size) for size in range(1, MOST_CANDIDATES + 1)]
                    for source in plan]
-        self.chosen[key] = best_size(self.plan_rates(plan), rescues, self.copy_costs(key, plan))
+        self.chosen[key] = best_size(self.plan_rates(plan), rescues, self.copy_costs(key, plan),
+                                     self.plan_round(key, plan))
         return self.chosen[key]
 
     def may_set(self, key: int, plan: tuple[str, ...]) -> bool:
@@ -293,11 +303,17 @@ class DraftPlanner:
         if not self.adaptive or key not in self.costs or not plan:
             return False
         certain = [[1.0] * MOST_CANDIDATES for _ in plan]
-        return best_size(self.plan_rates(plan), certain, self.copy_costs(key, plan)) > 1
+        return best_size(self.plan_rates(plan), certain, self.copy_costs(key, plan),
+                         self.plan_round(key, plan)) > 1
 
     def plan_rates(self, plan: tuple[str, ...]) -> list[float]:
         """The measured acceptance of each of `plan`'s drafts at its depth."""
         return [self.acceptance[source].rate(depth) for depth, source in enumerate(plan)]
+
+    def plan_round(self, key: int, plan: tuple[str, ...]) -> tuple[float, float]:
+        """(expected steps, denoise forwards) of a round of `plan` without sets."""
+        reach = itertools.accumulate(self.plan_rates(plan), operator.mul)
+        return 1.0 + sum(reach), 1.0 + sum(self.costs[key].of(source) for source in plan)
 
     def copy_costs(self, key: int, plan: tuple[str, ...]) -> dict[int, float]:
         """Set size c > 1 -> one alternative's verify copy cost in a round of `plan`."""

@@ -21,20 +21,17 @@ from __future__ import annotations
 import torch
 
 from mrp_dlm.decoding.drafting import DraftPlanner
-from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig
-from mrp_dlm.decoding.selection import threshold_pick
+from mrp_dlm.decoding.selection import Rule, threshold_pick
 
 
 def rule_steps(logits: torch.Tensor, states: torch.Tensor, eligible: torch.Tensor,
-               mask_token_id: int, positions: torch.Tensor, threshold: float,
-               sampling: SamplingConfig = GREEDY) -> torch.Tensor:
+               positions: torch.Tensor, rule: Rule) -> torch.Tensor:
     """The rule's step (`selection.threshold_pick`) on each of N block states: the states
     after it (N, L) int64.
 
     logits: (N, L, V) the backbone on `states` (N, L); eligible: (N, L) bool what may be
-    revealed; positions: (N, L) int64; sampling: one row per state."""
-    commit, tokens = threshold_pick(logits, states, eligible, mask_token_id, positions,
-                                    threshold, sampling)  # (N, L), (N, L)
+    revealed; positions: (N, L) int64; rule: its sampling one row per state."""
+    commit, tokens = threshold_pick(logits, states, eligible, positions, rule)  # (N, L) x2
     return torch.where(commit, tokens, states)  # (N, L)
 
 

@@ -11,9 +11,12 @@ Shapes: B batch, L block positions, V vocab.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
-from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, draw_index, propose
+from mrp_dlm.decoding.sampling import (GREEDY, SamplingConfig, draw_index, propose,
+                                       repeat_rows, select_rows)
 
 
 def rank_positions(scores: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
@@ -32,17 +35,33 @@ def select_static(confidence: torch.Tensor, eligible: torch.Tensor, quota: int) 
     return eligible & (rank_positions(confidence, eligible) < quota)
 
 
+@dataclass(frozen=True)
+class Rule:
+    """Threshold decoding with quota 1 (`threshold_pick`): the rule speculative decoding
+    drafts with and verifies against."""
+
+    mask_token_id: int
+    threshold: float  # every eligible position above it, else the most confident; 1.0: static
+    sampling: SamplingConfig = GREEDY  # one row per block state, or one for all
+
+    def rows(self, index: torch.Tensor) -> "Rule":
+        """The rule for the states of rows `index` (N,) int64."""
+        return replace(self, sampling=select_rows(self.sampling, index))
+
+    def repeated(self, copies: int) -> "Rule":
+        """The rule for each row's states repeated `copies` times, row by row."""
+        return replace(self, sampling=repeat_rows(self.sampling, copies))
+
+
 def threshold_pick(logits: torch.Tensor, state: torch.Tensor, eligible: torch.Tensor,
-                   mask_token_id: int, positions: torch.Tensor, threshold: float,
-                   sampling: SamplingConfig = GREEDY) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of the dynamic rule with quota 1 on logits (B, L, V) of block states
-    state (B, L): (commit (B, L) bool, tokens (B, L)). Every eligible position whose
-    confidence exceeds `threshold`, else the most confident one; at threshold 1.0 no
-    confidence exceeds it, so this is the static rule's one-token pick. Sampled with the
-    state's draw key. What speculative decoding drafts and verifies."""
-    proposal = propose(logits, mask_token_id, sampling, positions,
-                       draw_index(state, mask_token_id))
-    return select_dynamic(proposal.confidence, eligible, 1, threshold), proposal.tokens
+                   positions: torch.Tensor, rule: Rule) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of `rule` on logits (B, L, V) of block states state (B, L): (commit (B, L)
+    bool, tokens (B, L)). Every eligible position whose confidence exceeds the threshold,
+    else the most confident one; at threshold 1.0 no confidence exceeds it, so this is the
+    static rule's one-token pick. Sampled with the state's draw key. positions: (B, L)."""
+    proposal = propose(logits, rule.mask_token_id, rule.sampling, positions,
+                       draw_index(state, rule.mask_token_id))
+    return select_dynamic(proposal.confidence, eligible, 1, rule.threshold), proposal.tokens
 
 
 def select_dynamic(confidence: torch.Tensor, eligible: torch.Tensor, quota: int,

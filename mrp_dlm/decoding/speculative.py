@@ -57,9 +57,8 @@ from mrp_dlm.decoding.drafting import HEAD, SELF, DraftPlanner, Timer
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.head_cache import HeadSteps
 from mrp_dlm.decoding.round import count_accepted, record_round, rule_steps
-from mrp_dlm.decoding.sampling import (GREEDY, Proposal, SamplingConfig, draw_index, propose,
-                                       repeat_rows)
-from mrp_dlm.decoding.selection import select_dynamic
+from mrp_dlm.decoding.sampling import Proposal, draw_index, propose
+from mrp_dlm.decoding.selection import Rule, select_dynamic
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
@@ -79,8 +78,24 @@ class Drafts:
         return self.states.shape[1] - self.finished
 
 
-def draft(head: HeadSteps | None, backbone: HeadBackbone, seed: BackboneStep, rows: BlockRows,
-          sources: tuple[str, ...], threshold: float, sampling: SamplingConfig = GREEDY,
+@dataclass(frozen=True)
+class Drafter:
+    """Where drafts come from: the head (None: self-drafts only), the backbone's output
+    layer (A + sum C for a head draft's logits) and the rule every draft follows."""
+
+    head: HeadSteps | None
+    backbone: HeadBackbone
+    rule: Rule
+
+    def proposal(self, logits: torch.Tensor, state: torch.Tensor,
+                 positions: torch.Tensor) -> Proposal:
+        """The rule's proposal on logits (B, L, V) for `state`'s draw key."""
+        mask_token_id = self.rule.mask_token_id
+        return propose(logits, mask_token_id, self.rule.sampling, positions,
+                       draw_index(state, mask_token_id))
+
+
+def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[str, ...],
           spares: bool = False) -> Drafts:
     """Draft 1: the rule's step on the seed logits A; then one draft per entry of `sources`,
     none once no row has a masked position left. HEAD: a head step on the drafts so far,
@@ -89,27 +104,26 @@ def draft(head: HeadSteps | None, backbone: HeadBackbone, seed: BackboneStep, ro
     that state's draw key, as the verifier's step on it is. `spares`: each later draft's
     alternatives too (`candidates.alternatives`, no forward).
 
-    seed: the backbone on rows.tokens; head: used only for HEAD drafts (None: none).
-    Runs one head step per HEAD draft made (one host check per draft).
+    seed: the backbone on rows.tokens. Runs one head step per HEAD draft made (one host
+    check per draft).
     """
-    mask_token_id = backbone.config.mask_token_id
     accumulator, state, eligible = seed.hidden, rows.tokens, rows.eligible
+    threshold = drafter.rule.threshold
     # The rule's proposal on A for S_0's draw key; greedy proposals ignore the key, so every
     # greedy self-draft reuses it (a sampled one draws anew with its own state's key).
-    on_seed = propose(seed.logits, mask_token_id, sampling, rows.positions,
-                      draw_index(state, mask_token_id))
+    on_seed = drafter.proposal(seed.logits, state, rows.positions)
 
     def on_seed_at(state: torch.Tensor) -> Proposal:
         """The rule's proposal on A for `state`'s draw key."""
-        return on_seed if sampling.greedy else propose(
-            seed.logits, mask_token_id, sampling, rows.positions, draw_index(state, mask_token_id))
+        return on_seed if drafter.rule.sampling.greedy else drafter.proposal(
+            seed.logits, state, rows.positions)
 
     states, valid, made, spare = [], [], [], []
     for source in (SELF, *sources):
         if source == HEAD:
-            accumulator = head.advance(state, accumulator)  # (B, L, H)
-            proposal = propose(backbone.logits(accumulator), mask_token_id, sampling,
-                               rows.positions, draw_index(state, mask_token_id))  # A + sum C
+            accumulator = drafter.head.advance(state, accumulator)  # (B, L, H)
+            proposal = drafter.proposal(drafter.backbone.logits(accumulator), state,
+                                        rows.positions)  # A + sum C
         else:
             proposal = on_seed_at(state) if made else on_seed
         before, state = state, rule_step(proposal, state, eligible, threshold)  # (B, L)
@@ -138,33 +152,20 @@ def rule_step(proposal: Proposal, state: torch.Tensor, eligible: torch.Tensor,
 
 
 def backbone_steps(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor,
-                   mask_token_id: int, positions: torch.Tensor, threshold: float,
-                   sampling: SamplingConfig = GREEDY) -> torch.Tensor:
+                   positions: torch.Tensor, rule: Rule) -> torch.Tensor:
     """The backbone's own step (B, K, L) on each of S_1 .. S_K, K = m - 1.
 
     logits: (B, v, L, V) backbone logits of the verify states S_1 .. S_v, v >= m - 1;
-    frozen: (B, L) bool positions the rule never reveals (prompt, finished rows).
+    frozen: (B, L) bool positions the rule never reveals (prompt, finished rows);
+    positions: (B, L); rule: its sampling one row per batch row.
     """
     B, M, L = drafts.states.shape
     K = M - 1
     states = drafts.states[:, :-1].reshape(B * K, L)  # S_1 .. S_K as rows
     rows_logits = logits[:, :K].reshape(B * K, L, -1)  # (B*K, L, V)
-    eligible = (states == mask_token_id) & ~frozen.repeat_interleave(K, dim=0)  # (B*K, L)
-    return rule_steps(rows_logits, states, eligible, mask_token_id,
-                      positions.repeat_interleave(K, dim=0), threshold,
-                      repeat_rows(sampling, K)).view(B, K, L)  # its S_{j+1}
-
-
-def accept(drafts: Drafts, logits: torch.Tensor, frozen: torch.Tensor, mask_token_id: int,
-           positions: torch.Tensor, threshold: float,
-           sampling: SamplingConfig = GREEDY) -> torch.Tensor:
-    """Drafts accepted per row (B,): 1 + the leading later drafts the backbone agrees with
-    (arguments as `backbone_steps`)."""
-    if drafts.states.shape[1] == 1:
-        return drafts.valid[:, 0].long()
-    return count_accepted(drafts.states, drafts.valid,
-                          backbone_steps(drafts, logits, frozen, mask_token_id, positions,
-                                         threshold, sampling))
+    eligible = (states == rule.mask_token_id) & ~frozen.repeat_interleave(K, dim=0)  # (B*K, L)
+    return rule_steps(rows_logits, states, eligible, positions.repeat_interleave(K, dim=0),
+                      rule.repeated(K)).view(B, K, L)  # its S_{j+1}
 
 
 def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
@@ -192,6 +193,14 @@ class Verdict:
     copies: int  # block copies the verify forward held
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """How one round's verify forward is built and timed."""
+
+    size: int  # candidate set size (1: no alternatives)
+    timer: Timer  # on when the round feeds a cost probe or a set's timing
+
+
 class SpeculativeDecoder:
     """Keeps, across the calls it serves, the acceptance of each draft source and the round
     costs per batch size (its `DraftPlanner`, see `drafting.py`). Without a head it
@@ -210,49 +219,64 @@ class SpeculativeDecoder:
         return self.config.lookahead * self.planner.most_size + 1
 
     def step(self, context: BlockContext, step: Step) -> Advance:
-        rows, threshold = step.rows, self.config.threshold
-        B, L = rows.tokens.shape
-        probe = self.planner.probe(B)
-        plan = self.planner.plan(B)
-        if not plan and probe is None:  # the rule's own step, as the rule runs it (no host
-            return Advance(rule_steps(  # check: the driver denoises the result next)
-                step.base.logits, rows.tokens, rows.eligible, context.schedule.mask_token_id,
-                rows.positions, threshold, self.sampling))  # (B, L)
-        size = candidates.fitting(self.planner.set_size(B, plan), len(plan),
-                                  (context.width - context.start) // L)
-        copies = len(plan) + 1 + len(plan) * (size - 1)  # the verify's, unless drafting stops
-        timer = Timer(rows.tokens.device,
-                      enabled=probe is not None or self.planner.times_sets(B, size, copies))
-        timer.start()
-        drafts = draft(context.head, context.model, step.base, rows, plan, threshold,
-                       self.sampling, spares=size > 1 or self.planner.may_set(B, plan))
-        draft_seconds = timer.stop()
+        rows = step.rows
+        B = rows.tokens.shape[0]
+        rule = Rule(context.schedule.mask_token_id, self.config.threshold, self.sampling)
+        probe, sources = self.planner.probe(B), self.planner.plan(B)
+        if not sources and probe is None:  # the rule's own step, as the rule runs it (no
+            return Advance(rule_steps(  # host check: the driver denoises the result next)
+                step.base.logits, rows.tokens, rows.eligible, rows.positions, rule))  # (B, L)
+        plan = self.round_plan(context, rows, sources, probe is not None)
+        plan.timer.start()
+        drafts = draft(Drafter(context.head, context.model, rule), step.base, rows, sources,
+                       spares=plan.size > 1 or self.planner.may_set(B, sources))
+        draft_seconds = plan.timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
         if v == 0 or (m == 1 and probe is None):  # no later draft: the rule's own step, as
             return Advance(drafts.states[:, 0])  # the rule runs it (the driver denoises next)
-        timer.start()
-        verdict = self.verify(context, step, drafts, size)
-        if probe:  # a round's verify time includes its accept: what a verify copy adds
-            seconds = timer.stop()
-            if m == 1:
-                probe.add_forward(seconds)
-            else:
-                probe.add_round(drafts.sources.count(HEAD), draft_seconds, verdict.copies,
-                                seconds)
-            self.planner.learn(B)
-        elif size > 1 and timer.enabled:  # a set's own cost, for the next set sizes
-            self.planner.add_set_round(B, verdict.copies, timer.stop())
+        plan.timer.start()
+        verdict = self.verify(context, step, drafts, plan.size, rule)
+        self.learn_costs(B, plan, probe, drafts, draft_seconds, verdict.copies)
         if m > 1:
-            later = record_round(self.planner, drafts.sources, verdict.accepted,
-                                 drafts.valid)  # (B,) drafts after the first accepted
-            context.counters.add_rounds(later + verdict.rescued, drafts.valid[:, 1])
-            context.counters.add_drafts(drafts.sources, later, drafts.valid[:, 1:])
-            context.counters.add_rescued(verdict.rescued)
-            if verdict.rescue is not None:
-                self.planner.record_spares(drafts.sources, verdict.rescue)
+            self.record(context, drafts, verdict)
         return verdict.advance
 
-    def verify(self, context: BlockContext, step: Step, drafts: Drafts, size: int) -> Verdict:
+    def round_plan(self, context: BlockContext, rows: BlockRows, sources: tuple[str, ...],
+                   probing: bool) -> RoundPlan:
+        """The set size that fits the scratch slots and whether the round is timed."""
+        B, L = rows.tokens.shape
+        size = candidates.fitting(self.planner.set_size(B, sources), len(sources),
+                                  (context.width - context.start) // L)
+        copies = len(sources) + 1 + len(sources) * (size - 1)  # unless drafting stops early
+        enabled = probing or self.planner.times_sets(B, size, copies)
+        return RoundPlan(size, Timer(rows.tokens.device, enabled=enabled))
+
+    def learn_costs(self, batch: int, plan: RoundPlan, probe, drafts: Drafts,
+                    draft_seconds: float, copies: int) -> None:
+        """A timed round's costs to the planner: a probe's (a round's verify time includes
+        its accept: what a verify copy adds), or a candidate set's own."""
+        if probe:
+            seconds = plan.timer.stop()
+            if drafts.states.shape[1] == 1:
+                probe.add_forward(seconds)
+            else:
+                probe.add_round(drafts.sources.count(HEAD), draft_seconds, copies, seconds)
+            self.planner.learn(batch)
+        elif plan.size > 1 and plan.timer.enabled:
+            self.planner.add_set_round(batch, copies, plan.timer.stop())
+
+    def record(self, context: BlockContext, drafts: Drafts, verdict: "Verdict") -> None:
+        """A round's verdicts to the planner (acceptance per source) and the counters."""
+        later = record_round(self.planner, drafts.sources, verdict.accepted,
+                             drafts.valid)  # (B,) drafts after the first accepted
+        context.counters.add_rounds(later + verdict.rescued, drafts.valid[:, 1])
+        context.counters.add_drafts(drafts.sources, later, drafts.valid[:, 1:])
+        context.counters.add_rescued(verdict.rescued)
+        if verdict.rescue is not None:
+            self.planner.record_spares(drafts.sources, verdict.rescue)
+
+    def verify(self, context: BlockContext, step: Step, drafts: Drafts, size: int,
+               rule: Rule) -> Verdict:
         """One forward over S_1 .. S_v and, with a set of `size` > 1, the alternatives'
         copies; accept; keep the last accepted state or the alternative after it."""
         B, M, L = drafts.states.shape
@@ -267,8 +291,7 @@ class SpeculativeDecoder:
         else:
             frozen = ~context.active[:, None].expand(B, L)  # finished rows reveal nothing
             steps = backbone_steps(drafts, check.logits.view(B, states.shape[1], L, -1),
-                                   frozen, context.schedule.mask_token_id, step.rows.positions,
-                                   self.config.threshold, self.sampling)  # (B, M-1, L)
+                                   frozen, step.rows.positions, rule)  # (B, M-1, L)
             accepted = count_accepted(drafts.states, drafts.valid, steps)  # (B,)
             if found is not None:
                 rescue = candidates.check(found, steps, accepted, drafts.valid[:, 1:])

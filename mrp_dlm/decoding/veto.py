@@ -46,7 +46,7 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig
-from mrp_dlm.decoding.selection import threshold_pick
+from mrp_dlm.decoding.selection import Rule, threshold_pick
 from mrp_dlm.decoding.step import Advance, Step
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
@@ -88,7 +88,7 @@ def veto_step(residual: Residual, backbone: HeadBackbone, step: Step, threshold:
     """
     rows, mask_token_id = step.rows, backbone.config.mask_token_id
     proposed, tokens = threshold_pick(step.base.logits, rows.tokens, rows.eligible,
-                                      mask_token_id, rows.positions, threshold, sampling)
+                                      rows.positions, Rule(mask_token_id, threshold, sampling))
     kept, contested = proposed, bool((proposed.sum(dim=1) > 1).any())
     if contested:
         residual_logits = backbone.logits(residual(rows.tokens, step.base.hidden))  # (B, L, V)

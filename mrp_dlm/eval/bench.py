@@ -1,7 +1,10 @@
 """`mrp bench`: a grid of decode configs on the same problems, every ratio against static.
 
 One run warms up (every config on `WARMUP_PROBLEMS` problems, excluded from all numbers),
-then decodes the problems of each task with every config, static first. A row reports:
+then decodes the problems of each task with every config, static first, the configs taking
+turns batch by batch (a machine's load that comes and goes then weighs on every row alike;
+each config keeps its own decoder, so its planner learns as in a run of its own). A row
+reports:
 - accuracy (the task's grader);
 - tokens per backbone forward, end to end (prefill included) and denoising only;
 - tokens/s (decode wall time, grading excluded) and the speedup: tokens/s over the static
@@ -43,8 +46,8 @@ from mrp_dlm.eval import pareto, plots, provenance, store
 from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE
 from mrp_dlm.eval.grid import (LOSSLESS_MODES, family_of, grid_label, parse_grid, rule_of,
                                self_of, setting_of)
-from mrp_dlm.eval.runner import (EvalResult, check_batch_size, check_config, collect, evaluate,
-                                 evaluate_batches)
+from mrp_dlm.eval.runner import (BatchResult, EvalResult, check_batch_size, check_config,
+                                 collect, evaluate, evaluate_batches)
 from mrp_dlm.files import write_atomic
 from mrp_dlm.pipeline import Pipeline
 from mrp_dlm.tasks.common import Example, Task
@@ -131,18 +134,26 @@ def run_bench(pipe: Pipeline, suites: list[tuple[Task, list[Example]]],
     warm_up(pipe, suites[0], configs, batch_size, progress)
     total = len(configs) * sum(len(examples) for _, examples in suites)
     with tqdm(total=total, unit="sample", disable=not progress) as bar:
-        return [GridResults(task.name, tuple(run_config(pipe, (task, examples), config,
-                                                        batch_size, bar) for config in configs))
+        return [GridResults(task.name, run_configs(pipe, (task, examples), configs,
+                                                   batch_size, bar))
                 for task, examples in suites]
 
 
-def run_config(pipe: Pipeline, suite: tuple[Task, list[Example]], config: DecodeConfig,
-               batch_size: int, bar: tqdm) -> EvalResult:
-    """One config on a suite's problems, advancing the run's one progress bar."""
+def run_configs(pipe: Pipeline, suite: tuple[Task, list[Example]],
+                configs: tuple[DecodeConfig, ...], batch_size: int,
+                bar: tqdm) -> tuple[EvalResult, ...]:
+    """Every config on a suite's problems, taking turns batch by batch, advancing the run's
+    one progress bar."""
     task, examples = suite
-    bar.set_description(f"{task.name} {grid_label(config)}")
-    return collect(task.name, config,
-                   evaluate_batches(pipe, task, examples, config, batch_size, bar))
+    streams = [evaluate_batches(pipe, task, examples, config, batch_size, bar)
+               for config in configs]
+    batches: list[list[BatchResult]] = [[] for _ in configs]  # (configs, batches)
+    for _ in range(0, len(examples), batch_size):
+        for config, stream, done in zip(configs, streams, batches):
+            bar.set_description(f"{task.name} {grid_label(config)}")
+            done.append(next(stream))
+    return tuple(collect(task.name, config, iter(done))
+                 for config, done in zip(configs, batches))
 
 
 def warm_up(pipe: Pipeline, suite: tuple[Task, list[Example]], configs: tuple[DecodeConfig, ...],

@@ -54,8 +54,9 @@ import torch
 
 from mrp_dlm.decoding.drafting import HEAD, SELF, CostProbe, DraftPlanner, Timer
 from mrp_dlm.decoding.round import count_accepted, record_round, rule_steps
-from mrp_dlm.decoding.sampling import SamplingConfig, select_rows
-from mrp_dlm.decoding.speculative import Drafts, draft
+from mrp_dlm.decoding.sampling import SamplingConfig
+from mrp_dlm.decoding.selection import Rule
+from mrp_dlm.decoding.speculative import Drafter, Drafts, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
 from mrp_dlm.serving.sampling import batch_sampling
@@ -215,6 +216,10 @@ class MrpSpeculative(MrpAlgorithm):
         depth = rows // max(len(masked), 1)
         return (masked, plan[:depth]) if depth else (masked[:rows], plan[:1])
 
+    def rule(self, sampling: SamplingConfig) -> Rule:
+        """The rule this algorithm reproduces, for the batch's sampling (one row each)."""
+        return Rule(self.mask_id, self.threshold, sampling)
+
     def carried_states(self, forward_batch, algo_states) -> list[BlockState]:
         B, L = forward_batch.batch_size, self.block_size
         ids = forward_batch.input_ids.view(B, L)
@@ -265,8 +270,8 @@ class MrpSpeculative(MrpAlgorithm):
         owner = chains.owner  # some request verifies: the rule's step on S_1 .. S_{m-1}
         states = chains.rows[chains.stepped]  # (E, L)
         eligible = (states == self.mask_id) & ~prompt[owner]  # (E, L)
-        steps = rule_steps(logits[chains.stepped], states, eligible, self.mask_id,
-                           positions[owner], self.threshold, select_rows(sampling, owner))
+        steps = rule_steps(logits[chains.stepped], states, eligible, positions[owner],
+                           self.rule(sampling).rows(owner))
         accepted = count_accepted(chains.rows[chains.index], chains.valid,
                                   steps[chains.step_of])  # (B,)
         seed_rows = chains.index.gather(1, (accepted - 1)[:, None])[:, 0]  # (B,)
@@ -297,8 +302,9 @@ class MrpSpeculative(MrpAlgorithm):
             if HEAD in plan else None
         seed = BackboneStep(settled.seed.hidden[index], settled.seed.logits[index])
         rows = BlockRows(settled.block[index], settled.eligible[index], positions[index])
-        drafts = draft(context, self.model_parts(model_runner)[1], seed, rows, plan,
-                       self.threshold, select_rows(sampling, index))  # (R, m, L)
+        drafter = Drafter(context, self.model_parts(model_runner)[1],
+                          self.rule(sampling).rows(index))
+        drafts = draft(drafter, seed, rows, plan)  # (R, m, L)
         self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
         first = first.index_copy(0, index, drafts.states[:, 0])  # (B, L)
         if drafts.states.shape[1] == 1:
@@ -311,11 +317,11 @@ class MrpSpeculative(MrpAlgorithm):
         """Every request's block (B, L), the rule's own step taken on `rows` of them."""
         if len(rows) == settled.block.shape[0]:
             return rule_steps(settled.seed.logits, settled.block, settled.eligible,
-                              self.mask_id, positions, self.threshold, sampling)  # (B, L)
+                              positions, self.rule(sampling))  # (B, L)
         index = torch.tensor(rows, device=settled.block.device)  # (R,)
         steps = rule_steps(settled.seed.logits[index], settled.block[index],
-                           settled.eligible[index], self.mask_id, positions[index],
-                           self.threshold, select_rows(sampling, index))  # (R, L)
+                           settled.eligible[index], positions[index],
+                           self.rule(sampling).rows(index))  # (R, L)
         return settled.block.index_copy(0, index, steps)  # (B, L)
 
     def record(self, rounds: list[Round], verdicts: list[list[int]]) -> None:

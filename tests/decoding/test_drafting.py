@@ -48,7 +48,8 @@ def test_verdicts_count_each_rows_drafts_up_to_its_first_rejection():
     (0.5, 0.3, 3, 1),  # 0.5 > 0.3, 0.25 < 0.3
     (0.5, 0.6, 3, 0),  # 0.5 < 0.6: no draft pays
     (0.99, 0.1, 3, 3),  # nearly always accepted: the lookahead is the most
-    (0.892, 0.5, 8, 6),  # 0.892^6 = 0.50 > 0.5 > 0.892^7
+    (0.892, 0.5, 8, 3),  # steps per forward 1.34 / 1.36 / 1.34 at 2 / 3 / 4 drafts (a
+    # fourth draft saves 0.63 of a step for 0.5 of a forward, below the round's 1.36)
 ])
 def test_plan_runs_the_drafts_that_pay(rate, per_draft, most, want):
     costs = RoundCosts(head_step=per_draft / 2, copy=per_draft / 2)
@@ -60,10 +61,10 @@ def test_plan_runs_the_drafts_that_pay(rate, per_draft, most, want):
 @pytest.mark.parametrize("rates,costs,want", [
     # a head draft must earn its head step: self-drafts win at a close rate...
     ({HEAD: 0.8, SELF: 0.72}, RoundCosts(0.34, 0.25), (SELF,) * 3),
+    ({HEAD: 0.95, SELF: 0.7}, RoundCosts(0.5, 0.1), (SELF,) * 3),  # 1.95 vs 1.71 head first
     # ... the head wins where its rate is far higher (then self-drafts on A after it)...
-    ({HEAD: 0.9, SELF: 0.2}, RoundCosts(0.34, 0.25), (HEAD,) * 3),
-    ({HEAD: 0.9, SELF: 0.6}, RoundCosts(0.2, 0.1), (HEAD, HEAD, HEAD)),
-    ({HEAD: 0.95, SELF: 0.7}, RoundCosts(0.5, 0.1), (HEAD, SELF, SELF)),
+    ({HEAD: 0.9, SELF: 0.2}, RoundCosts(0.1, 0.25), (HEAD,) * 3),
+    ({HEAD: 0.9, SELF: 0.6}, RoundCosts(0.2, 0.1), (HEAD, HEAD, SELF)),  # 1.88 vs 1.81
     # ... and the higher rate always comes first.
     ({HEAD: 0.5, SELF: 0.9}, RoundCosts(0.0, 0.1), (SELF, SELF, SELF)),
     ({HEAD: 0.6, SELF: 0.5}, RoundCosts(0.0, 0.45), (HEAD,)),

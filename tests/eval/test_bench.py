@@ -171,3 +171,24 @@ def test_lossless_violations_and_markdown_placeholders():
     assert bench.lossless_violations([{**rows[0], "lossless": False}]) == []
     assert ("| t | speculative:2@1 | 1.0 | 1.0 | 1.0 | 3.0 | 0.5 | static | 0.5 | 0.5 | 1.1 | - "
             "| - | 2.0 | 0.5 | True |") in bench.markdown(rows)
+
+
+def test_configs_take_turns_batch_by_batch(monkeypatch):
+    """Load that comes and goes weighs on every row alike: the configs alternate per batch,
+    and each config's result holds its own batches in problem order."""
+    calls = []
+
+    def batches(pipe, task, examples, config, batch_size, bar):
+        for start in range(0, len(examples), batch_size):
+            calls.append((grid_label(config), start))
+            yield bench.BatchResult([], bench.DecodeStats(tokens=start + 1))
+
+    monkeypatch.setattr(bench, "evaluate_batches", batches)
+    monkeypatch.setattr(bench, "collect", lambda task, config, done: [b.stats.tokens for b in done])
+    configs = parse_grid("static,dynamic:0.5", BASE)
+    task = get_task("arith")
+    with bench.tqdm(disable=True) as bar:
+        results = bench.run_configs(None, (task, task.examples("test", 5)), configs, 2, bar)
+    assert calls == [("static", 0), ("dynamic:0.5", 0), ("static", 2), ("dynamic:0.5", 2),
+                     ("static", 4), ("dynamic:0.5", 4)]
+    assert results == ([1, 3, 5], [1, 3, 5])
