@@ -48,7 +48,7 @@ Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -59,6 +59,7 @@ from mrp_dlm.decoding.selection import Rule
 from mrp_dlm.decoding.speculative import Drafter, Drafts, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.head_pool import HeadContext
 from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.stats import stats_of
 from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve, spare_rows
@@ -143,6 +144,22 @@ class Drafted:
         row = self.requests.index(request)
         return Drafts(self.drafts.states[row:row + 1], self.drafts.valid[row:row + 1],
                       self.drafts.finished, self.drafts.sources)
+
+
+@dataclass
+class LazyHead:
+    """The head's steps on the drafting requests' blocks (`HeadSteps`), their context over
+    the head pool built at the first head step only: a chain that stops after S_1 (no
+    masks left, as in a prompt block or a done one) builds none."""
+
+    build: Callable[[], HeadContext]  # the context of the drafting requests
+    context: Optional[HeadContext] = None  # once built
+
+    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor) -> torch.Tensor:
+        """accumulator (R, L, H) + the head's residual on tokens (R, L)."""
+        if self.context is None:
+            self.context = self.build()
+        return self.context.advance(tokens, accumulator)
 
 
 class MrpSpeculative(MrpAlgorithm):
@@ -298,7 +315,7 @@ class MrpSpeculative(MrpAlgorithm):
             return Drafted(first, first, none)
         timer.start()
         index = torch.tensor(requests, device=settled.block.device)  # (R,)
-        context = self.head_context(model_runner, forward_batch, requests) \
+        context = LazyHead(lambda: self.head_context(model_runner, forward_batch, requests)) \
             if HEAD in plan else None
         seed = BackboneStep(settled.seed.hidden[index], settled.seed.logits[index])
         rows = BlockRows(settled.block[index], settled.eligible[index], positions[index])
