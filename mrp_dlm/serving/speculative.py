@@ -7,22 +7,30 @@ Each `run()` does one forward in which every request has one or more rows:
   or slots ran short: the one-row static fallback) forwards its accepted state alone.
 Then the round runs batched over all requests, on the device, in the library's phases
 (`decoding/round.py`): accept and seed (the rule's step on each candidate followed by
-another, one `count_accepted` over the requests' chains padded to the longest; request b accepts
-n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft (one
-chain for the requests with masks left, read on the host so that done blocks cost no head
-steps: S_1, the backbone's own threshold step, is accepted at once, and the own row
-carries S_m next round, m <= M: drafting stops once no request has a mask left). So a
-request without scratch rows still advances one exact threshold step per forward.
+another, one `count_accepted` over the requests' chains padded to the longest; request b
+accepts n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft
+(one chain: S_1, the backbone's own threshold step, is accepted at once, and the own row
+carries S_m next round, m <= M; the chain stops once no drafting request has a mask left,
+and the head's context is built only at its first head step). So a request without
+scratch rows still advances one exact threshold step per forward.
+Only what the request-table rows free at draft time can verify next call is drafted
+(`drafters`, `verify_batch.spare_rows`): SGLang's request table is as large as its
+running-request cap, so at the cap (as `mrp serve` runs a CPU at 8 requests and more)
+no row is free, nothing drafts, and a call is LowConfidence's forward and step; rows for
+fewer drafts than the plan's for every request go to the requests with masks left, the
+same first drafts each (a first draft is accepted most often).
 A block is done when its accepted state has no masks left AND its own row forwarded
 exactly that state (so the clean KV sits in the block's real slots; the head's keys of
 the block are written then from that row's hidden states, one head forward for all
-requests done in the call, see `head_pool.py`); a clean block whose own row held another
-state is stored by one more single-row forward.
-The host reads the round twice: the verdicts (per request: masks left, accepted; the
-planner, per drafting plan, and the serving stats, per request, are recorded from that
-copy before the plan is made, and it says which requests draft), then the next ids, done
-and pending drafts (SGLang's answer needs them as lists anyway). Besides those, the
-drafting chain's stop check, one per draft as in the library decoder.
+requests done in the call, see `head_pool.py`; not on a full request table, where no
+request could draft with them); a clean block whose own row held another state is
+stored by one more single-row forward.
+The host reads the round once: the next ids, done and pending drafts (SGLang's answer
+needs them as lists anyway) with the verdicts (per request: accepted, chain validity),
+from which the planner, per drafting plan, and the serving stats, per request, are
+recorded (the planner sees them from the next call's plan on). Besides that, the
+drafting chain's stop check, one per draft as in the library decoder, and, only when the
+free rows cannot take the whole plan of every request, which requests have masks left.
 
 With `adaptive` (the YAML's, default on) the chain drafts only what pays, each later draft
 a head draft or a self-draft (the rule's step on the seed logits, no head step), as
@@ -32,7 +40,8 @@ server's own timed forwards; with none, a request's next forward is its one row,
 `LowConfidence`'s.
 
 Each drafting round's verified and accepted drafts go to the serving stats (`stats.py`).
-Scratch rows and slots are freed inside the same call. Acceptance is per request: no
+Scratch rows and slots are freed inside the same call (held until the next, a row could
+stall SGLang's scheduler: see `verify_batch.py`). Acceptance is per request: no
 request waits for another. The rule is `LowConfidence`'s at the YAML's `threshold` (every
 masked position above it, else the most confident; 1.0: static decoding, one token per
 forward). Every committed state is the backbone's own step on the state before it, so the
