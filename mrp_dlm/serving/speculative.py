@@ -204,7 +204,8 @@ class MrpSpeculative(MrpAlgorithm):
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
         spare = spare_rows(model_runner, L)  # for the next verify: none on a full table
-        requests, plan = self.drafters(spare, self.planner.plan(bucket), settled.eligible)
+        requests, plan = self.drafters(spare, self.planner.plan(bucket), settled.eligible,
+                                       probe is not None)
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
                                  plan, timer, requests)
         forward_batch.input_ids.copy_(drafted.last.reshape(-1).to(forward_batch.input_ids.dtype))
@@ -222,22 +223,24 @@ class MrpSpeculative(MrpAlgorithm):
         return (out.logits_output, [row[:L] for row in read], [L if d else 0 for d in done],
                 [None if d else s for s, d in zip(states, done)], out.can_run_graph)
 
-    def drafters(self, rows: int, plan: tuple[str, ...], eligible: torch.Tensor
-                 ) -> tuple[list[int], tuple[str, ...]]:
+    def drafters(self, rows: int, plan: tuple[str, ...], eligible: torch.Tensor,
+                 probing: bool) -> tuple[list[int], tuple[str, ...]]:
         """The requests that draft this call and the plan they draft: only as many drafts
         as `rows`, the rows free now, can verify next call (one row each; drafts that find
         no rows are thrown away). With rows for the whole plan of every request, all draft
-        it (a block without masks stops its chain at once); with fewer, the requests with
-        masks left share them (a second host read, only then), each the same first drafts
-        of the plan: a first draft is the one most often accepted, so several requests'
-        first drafts gain more than one request's deeper ones. A request left out takes the
-        rule's own step, as LowConfidence's. eligible: (B, L) bool, the masked positions of
-        each accepted state."""
+        it (a block without masks stops its chain at once). With fewer, and the costs of
+        this batch size learnt, the requests with masks left share them (a second host
+        read, only then), each the same first drafts of the plan: a first draft is the one
+        most often accepted, so several requests' first drafts gain more than one
+        request's deeper ones. While the costs are being learnt (`probing`) such a cut
+        round would only cost: a probe times whole rounds, so none drafts. A request left
+        out takes the rule's own step, as LowConfidence's. eligible: (B, L) bool, the
+        masked positions of each accepted state."""
         B = eligible.shape[0]
-        if not plan or not rows:
-            return [], ()
         if rows >= len(plan) * B:
-            return list(range(B)), plan
+            return (list(range(B)), plan) if plan else ([], ())
+        if probing or not rows:
+            return [], ()
         masked = [i for i, left in enumerate(eligible.any(dim=1).tolist()) if left]  # host read
         depth = rows // max(len(masked), 1)
         return (masked, plan[:depth]) if depth else (masked[:rows], plan[:1])
