@@ -185,3 +185,21 @@ def test_a_full_request_table_drafts_nothing(monkeypatch):
     assert tuple(tuple(r) for r in got) == low_confidence(5, block_size, True, threshold)[0]
     assert runner.forwards > 0
     assert drafts["draft"] == reserves["reserve"] == stores["store_done"] == 0
+
+
+def test_drafters_share_the_free_rows():
+    """Who drafts how deep, from the rows free now: all the whole plan when rows suffice;
+    with fewer, the requests with masks left the same first drafts each (one each when
+    rows are fewer than they); none while a probe learns this batch size's costs, or
+    without rows."""
+    algorithm = plugin.MrpSpeculative(dllm_config("MrpSpeculative", 4, lookahead=3,
+                                                  adaptive=False))
+    plan = (plugin.HEAD,) * 3
+    eligible = torch.tensor([[True, False], [False, False], [True, True], [False, True]])
+    assert algorithm.drafters(12, plan, eligible, True) == ([0, 1, 2, 3], plan)
+    assert algorithm.drafters(7, plan, eligible, False) == ([0, 2, 3], plan[:2])
+    assert algorithm.drafters(3, plan, eligible, False) == ([0, 2, 3], plan[:1])
+    assert algorithm.drafters(2, plan, eligible, False) == ([0, 2], plan[:1])
+    assert algorithm.drafters(11, plan, eligible, True) == ([], ())
+    assert algorithm.drafters(0, plan, eligible, False) == ([], ())
+    assert algorithm.drafters(12, (), eligible, False) == ([], ())
