@@ -100,7 +100,8 @@ class MrpAlgorithm(DllmAlgorithm):
                      tokens: torch.Tensor, clean_hidden: torch.Tensor) -> None:
         """The head's keys of the blocks this call reports done, in one head forward: the
         requests' clean blocks tokens (R, L) and clean_hidden (R, L, H), the hidden states of the forward
-        that wrote their clean KV, to the blocks' KV slots."""
+        that wrote their clean KV, to the blocks' KV slots. A one-layer head's keys depend on
+        the block alone, so its store gathers no earlier keys."""
         if not requests or self.serving.head is None:  # no head: no head keys to keep
             return
         deep = self.model_parts(model_runner)[0].config.num_layers > 1
