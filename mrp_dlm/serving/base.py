@@ -86,22 +86,26 @@ class MrpAlgorithm(DllmAlgorithm):
                                "SGLANG_PLUGINS (if set) naming it?")
         return head, host
 
-    def head_context(self, model_runner: Any, forward_batch: Any,
-                     requests: list[int]) -> HeadContext:
-        """The head on the current block of the batch's `requests`, over the head pool."""
+    def head_context(self, model_runner: Any, forward_batch: Any, requests: list[int],
+                     prefix: bool = True) -> HeadContext:
+        """The head on the current block of the batch's `requests`, over the head pool (its
+        keys of earlier blocks; without `prefix`, none: see `request_context`)."""
         head, host = self.model_parts(model_runner)
         if self.pool is None:
             self.pool = HeadPool.for_runner(model_runner, head)
-        return request_context(self.pool, head, host, model_runner, forward_batch, requests)
+        return request_context(self.pool, head, host, model_runner, forward_batch, requests,
+                               prefix)
 
     def store_blocks(self, model_runner: Any, forward_batch: Any, requests: list[int],
                      tokens: torch.Tensor, clean_hidden: torch.Tensor) -> None:
         """The head's keys of the blocks this call reports done, in one head forward: the
         requests' clean blocks tokens (R, L) and clean_hidden (R, L, H), the hidden states of the forward
-        that wrote their clean KV, to the blocks' KV slots."""
+        that wrote their clean KV, to the blocks' KV slots. A one-layer head's keys depend on
+        the block alone, so its store gathers no earlier keys."""
         if not requests or self.serving.head is None:  # no head: no head keys to keep
             return
-        context = self.head_context(model_runner, forward_batch, requests)
+        deep = self.model_parts(model_runner)[0].config.num_layers > 1
+        context = self.head_context(model_runner, forward_batch, requests, prefix=deep)
         context.store(tokens, clean_hidden, block_slots(model_runner, forward_batch, requests,
                                                   self.block_size))
 

@@ -160,14 +160,17 @@ class HeadContext:
 
 
 def request_context(pool: HeadPool, head: MRPHead, host: HeadBackbone, model_runner: Any,
-                    forward_batch: Any, requests: list[int]) -> HeadContext:
+                    forward_batch: Any, requests: list[int], prefix: bool = True
+                    ) -> HeadContext:
     """The HeadContext of the batch's `requests` (indices into the ForwardBatch) on their
-    current block: their earlier blocks' slots come from SGLang's request table."""
+    current block: their earlier blocks' slots come from SGLang's request table. Without
+    `prefix`, the block alone: enough to store the keys of a one-layer head, which depend
+    on the block's tokens and hidden states only (not on its attention)."""
     L = host.config.block_size
     device = pool.keys.device
     index = torch.tensor(requests, dtype=torch.long)  # (R,)
-    lengths = torch.tensor([int(forward_batch.extend_prefix_lens_cpu[i]) for i in requests],
-                           dtype=torch.long)  # (R,) block start = earlier tokens
+    lengths = torch.tensor([int(forward_batch.extend_prefix_lens_cpu[i]) if prefix else 0
+                            for i in requests], dtype=torch.long)  # (R,) earlier tokens
     P = int(lengths.max()) if requests else 0
     table = model_runner.req_to_token_pool.req_to_token  # (rows, max context)
     rows = forward_batch.req_pool_indices.to(table.device)[index.to(table.device)].long()  # (R,)

@@ -7,22 +7,30 @@ Each `run()` does one forward in which every request has one or more rows:
   or slots ran short: the one-row static fallback) forwards its accepted state alone.
 Then the round runs batched over all requests, on the device, in the library's phases
 (`decoding/round.py`): accept and seed (the rule's step on each candidate followed by
-another, one `count_accepted` over the requests' chains padded to the longest; request b accepts
-n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft (one
-chain for the requests with masks left, read on the host so that done blocks cost no head
-steps: S_1, the backbone's own threshold step, is accepted at once, and the own row
-carries S_m next round, m <= M: drafting stops once no request has a mask left). So a
-request without scratch rows still advances one exact threshold step per forward.
+another, one `count_accepted` over the requests' chains padded to the longest; request b
+accepts n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft
+(one chain: S_1, the backbone's own threshold step, is accepted at once, and the own row
+carries S_m next round, m <= M; the chain stops once no drafting request has a mask left,
+and the head's context is built only at its first head step). So a request without
+scratch rows still advances one exact threshold step per forward.
+Only what the request-table rows free at draft time can verify next call is drafted
+(`drafters`, `verify_batch.spare_rows`): SGLang's request table is as large as its
+running-request cap, so at the cap (as `mrp serve` runs a CPU at 8 requests and more)
+no row is free, nothing drafts, and a call is LowConfidence's forward and step; rows for
+fewer drafts than the plan's for every request go to the requests with masks left, the
+same first drafts each (a first draft is accepted most often).
 A block is done when its accepted state has no masks left AND its own row forwarded
 exactly that state (so the clean KV sits in the block's real slots; the head's keys of
 the block are written then from that row's hidden states, one head forward for all
-requests done in the call, see `head_pool.py`); a clean block whose own row held another
-state is stored by one more single-row forward.
-The host reads the round twice: the verdicts (per request: masks left, accepted; the
-planner, per drafting plan, and the serving stats, per request, are recorded from that
-copy before the plan is made, and it says which requests draft), then the next ids, done
-and pending drafts (SGLang's answer needs them as lists anyway). Besides those, the
-drafting chain's stop check, one per draft as in the library decoder.
+requests done in the call, see `head_pool.py`; not on a full request table, where no
+request could draft with them); a clean block whose own row held another state is
+stored by one more single-row forward.
+The host reads the round once: the next ids, done and pending drafts (SGLang's answer
+needs them as lists anyway) with the verdicts (per request: accepted, chain validity),
+from which the planner, per drafting plan, and the serving stats, per request, are
+recorded (the planner sees them from the next call's plan on). Besides that, the
+drafting chain's stop check, one per draft as in the library decoder, and, only when the
+free rows cannot take the whole plan of every request, which requests have masks left.
 
 With `adaptive` (the YAML's, default on) the chain drafts only what pays, each later draft
 a head draft or a self-draft (the rule's step on the seed logits, no head step), as
@@ -32,7 +40,8 @@ server's own timed forwards; with none, a request's next forward is its one row,
 `LowConfidence`'s.
 
 Each drafting round's verified and accepted drafts go to the serving stats (`stats.py`).
-Scratch rows and slots are freed inside the same call. Acceptance is per request: no
+Scratch rows and slots are freed inside the same call (held until the next, a row could
+stall SGLang's scheduler: see `verify_batch.py`). Acceptance is per request: no
 request waits for another. The rule is `LowConfidence`'s at the YAML's `threshold` (every
 masked position above it, else the most confident; 1.0: static decoding, one token per
 forward). Every committed state is the backbone's own step on the state before it, so the
@@ -48,7 +57,7 @@ Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -59,9 +68,10 @@ from mrp_dlm.decoding.selection import Rule
 from mrp_dlm.decoding.speculative import Drafter, Drafts, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.head_pool import HeadContext
 from mrp_dlm.serving.sampling import batch_sampling
 from mrp_dlm.serving.stats import stats_of
-from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve
+from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve, spare_rows
 
 
 @dataclass
@@ -145,6 +155,22 @@ class Drafted:
                       self.drafts.finished, self.drafts.sources)
 
 
+@dataclass
+class LazyHead:
+    """The head's steps on the drafting requests' blocks (`HeadSteps`), their context over
+    the head pool built at the first head step only: a chain that stops after S_1 (no
+    masks left, as in a prompt block or a done one) builds none."""
+
+    build: Callable[[], HeadContext]  # the context of the drafting requests
+    context: Optional[HeadContext] = None  # once built
+
+    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor) -> torch.Tensor:
+        """accumulator (R, L, H) + the head's residual on tokens (R, L)."""
+        if self.context is None:
+            self.context = self.build()
+        return self.context.advance(tokens, accumulator)
+
+
 class MrpSpeculative(MrpAlgorithm):
     needs_head = False  # without one it self-drafts
 
@@ -177,23 +203,47 @@ class MrpSpeculative(MrpAlgorithm):
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
-        verdicts = torch.cat([settled.eligible.any(dim=1)[:, None], settled.accepted[:, None],
-                              chains.valid], dim=1).long().tolist()  # host read 1: the verdicts
-        self.record(rounds, verdicts)  # before the plan, which reads the acceptance
+        spare = spare_rows(model_runner, L)  # for the next verify: none on a full table
+        requests, plan = self.drafters(spare, self.planner.plan(bucket), settled.eligible,
+                                       probe is not None)
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
-                                 self.planner.plan(bucket), timer,
-                                 [i for i, row in enumerate(verdicts) if row[0]])
-        ids = drafted.last.reshape(-1).to(forward_batch.input_ids.dtype)  # (B*L,)
-        forward_batch.input_ids.copy_(ids)
-        read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None]],
-                         dim=1).long().tolist()  # host read 2: SGLang's answer
+                                 plan, timer, requests)
+        forward_batch.input_ids.copy_(drafted.last.reshape(-1).to(forward_batch.input_ids.dtype))
+        read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None],
+                          settled.accepted[:, None], chains.valid], dim=1).long().tolist()
+        # ^ the one host read: SGLang's answer (next ids, done), pending drafts, verdicts
+        self.record(rounds, [row[L + 2:] for row in read])  # counts from the next plan on
         done = [bool(row[L]) for row in read]
         for i, state in enumerate(states):
             state.accepted = drafted.first[i]  # the backbone's own step: exact
             state.drafts = drafted.of(i) if read[i][L + 1] else None
-        self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]], done)
+        if spare:  # on a full table no request drafts: the head's keys would go unread
+            self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]],
+                            done)
         return (out.logits_output, [row[:L] for row in read], [L if d else 0 for d in done],
                 [None if d else s for s, d in zip(states, done)], out.can_run_graph)
+
+    def drafters(self, rows: int, plan: tuple[str, ...], eligible: torch.Tensor,
+                 probing: bool) -> tuple[list[int], tuple[str, ...]]:
+        """The requests that draft this call and the plan they draft: only as many drafts
+        as `rows`, the rows free now, can verify next call (one row each; drafts that find
+        no rows are thrown away). With rows for the whole plan of every request, all draft
+        it (a block without masks stops its chain at once). With fewer, and the costs of
+        this batch size learnt, the requests with masks left share them (a second host
+        read, only then), each the same first drafts of the plan: a first draft is the one
+        most often accepted, so several requests' first drafts gain more than one
+        request's deeper ones. While the costs are being learnt (`probing`) such a cut
+        round would only cost: a probe times whole rounds, so none drafts. A request left
+        out takes the rule's own step, as LowConfidence's. eligible: (B, L) bool, the
+        masked positions of each accepted state."""
+        B = eligible.shape[0]
+        if rows >= len(plan) * B:
+            return (list(range(B)), plan) if plan else ([], ())
+        if probing or not rows:
+            return [], ()
+        masked = [i for i, left in enumerate(eligible.any(dim=1).tolist()) if left]  # host read
+        depth = rows // max(len(masked), 1)
+        return (masked, plan[:depth]) if depth else (masked[:rows], plan[:1])
 
     def rule(self, sampling: SamplingConfig) -> Rule:
         """The rule this algorithm reproduces, for the batch's sampling (one row each)."""
@@ -263,21 +313,21 @@ class MrpSpeculative(MrpAlgorithm):
     def draft_all(self, model_runner, forward_batch, settled: Settled, positions: torch.Tensor,
                   sampling: SamplingConfig, plan: tuple[str, ...], timer: Timer,
                   requests: list[int]) -> "Drafted":
-        """Draft 1 (the backbone's own step on the seed, accepted at once: even a request
-        that never gets scratch rows advances one step per forward) and the plan's later
-        drafts, in one batched chain over `requests`, those with masks left (a done block
-        or a store costs no head steps)."""
+        """Draft 1 (the backbone's own step on the seed, accepted at once: a request that
+        drafts nothing advances one step per forward, as LowConfidence's) for every request,
+        and the plan's later drafts in one batched chain over `requests` (a block without
+        masks stops the chain at once: its drafts are invalid, none stays pending)."""
         B = settled.block.shape[0]
         none = torch.zeros(B, dtype=torch.bool, device=settled.block.device)  # (B,)
-        if not plan:  # the rule's own step, as LowConfidence takes it
-            first = rule_steps(settled.seed.logits, settled.block, settled.eligible,
-                               positions, self.rule(sampling))  # (B, L)
-            return Drafted(first, first, none)
+        drafting = set(requests)
+        rest = [i for i in range(B) if i not in drafting]
+        first = settled.block if not rest else self.rule_steps_of(settled, positions,
+                                                                  sampling, rest)  # (B, L)
         if not requests:
-            return Drafted(settled.block, settled.block, none)
+            return Drafted(first, first, none)
         timer.start()
         index = torch.tensor(requests, device=settled.block.device)  # (R,)
-        context = self.head_context(model_runner, forward_batch, requests) \
+        context = LazyHead(lambda: self.head_context(model_runner, forward_batch, requests)) \
             if HEAD in plan else None
         seed = BackboneStep(settled.seed.hidden[index], settled.seed.logits[index])
         rows = BlockRows(settled.block[index], settled.eligible[index], positions[index])
@@ -285,24 +335,36 @@ class MrpSpeculative(MrpAlgorithm):
                           self.rule(sampling).rows(index))
         drafts = draft(drafter, seed, rows, plan)  # (R, m, L)
         self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
-        first = settled.block.index_copy(0, index, drafts.states[:, 0])  # (B, L)
+        first = first.index_copy(0, index, drafts.states[:, 0])  # (B, L)
         if drafts.states.shape[1] == 1:
             return Drafted(first, first, none)
-        return Drafted(first, settled.block.index_copy(0, index, drafts.states[:, -1]),
+        return Drafted(first, first.index_copy(0, index, drafts.states[:, -1]),
                        none.index_copy(0, index, drafts.valid[:, 1]), drafts, tuple(requests))
 
+    def rule_steps_of(self, settled: Settled, positions: torch.Tensor,
+                      sampling: SamplingConfig, rows: list[int]) -> torch.Tensor:
+        """Every request's block (B, L), the rule's own step taken on `rows` of them."""
+        if len(rows) == settled.block.shape[0]:
+            return rule_steps(settled.seed.logits, settled.block, settled.eligible,
+                              positions, self.rule(sampling))  # (B, L)
+        index = torch.tensor(rows, device=settled.block.device)  # (R,)
+        steps = rule_steps(settled.seed.logits[index], settled.block[index],
+                           settled.eligible[index], positions[index],
+                           self.rule(sampling).rows(index))  # (R, L)
+        return settled.block.index_copy(0, index, steps)  # (B, L)
+
     def record(self, rounds: list[Round], verdicts: list[list[int]]) -> None:
-        """The verify rounds' verdicts, from the host copy `verdicts` (per request: masks
-        left, accepted, chain validity): the planner, per drafting plan, and the serving
-        stats, per request."""
+        """The verify rounds' verdicts, from the host copy `verdicts` (per request:
+        accepted, chain validity): the planner, per drafting plan, and the serving stats,
+        per request."""
         by_sources: dict[tuple[str, ...], list[int]] = {}
         for i, round_ in enumerate(rounds):
             if round_.sources:
                 by_sources.setdefault(round_.sources, []).append(i)
         for sources, requests in by_sources.items():
             m = len(sources) + 1
-            accepted = [verdicts[i][1] for i in requests]  # (R,)
-            valid = [verdicts[i][2:2 + m] for i in requests]  # (R, m)
+            accepted = [verdicts[i][0] for i in requests]  # (R,)
+            valid = [verdicts[i][1:1 + m] for i in requests]  # (R, m)
             record_round(self.planner, sources, torch.tensor(accepted),
                          torch.tensor(valid, dtype=torch.bool))  # host tensors: no device read
             for n, row in zip(accepted, valid):

@@ -4,7 +4,10 @@ SGLang runs a dLLM forward with exactly L tokens per row, each row attending to 
 prefix (through its request-table row) and to itself. A candidate state of a request gets
 a temporary request-table row holding a copy of the request's prefix slot ids plus L
 scratch KV slots; the request's own row carries its last candidate. Everything temporary
-is freed before `run()` returns, so SGLang's scheduler never sees it.
+is freed before `run()` returns, so SGLang's scheduler never sees it. It could not be held
+longer: SGLang sizes the request table to its running-request cap, and a dLLM request
+admitted without a free row stalls every batch (prefill batches go first), so a row held
+between calls can stop the server.
 
 These are SGLang internals that changed twice in 2026 (`ReqToTokenPool.alloc_rows` /
 `free_rows`, the KV location plan of a ForwardBatch): this module is the one place that
@@ -60,6 +63,17 @@ class Scratch:
             self.runner.req_to_token_pool.free_rows(item.rows)
             self.runner.token_to_kv_pool_allocator.free(item.slots)
         self.reservations = []
+
+
+def spare_rows(runner, block_size: int) -> int:
+    """How many extra rows `reserve` could give now: free request-table rows, each with L
+    free KV slots. Counted at draft time for the next call's verify: SGLang's scheduler
+    keeps the request table as large as its running-request cap, so rows are free only
+    while fewer requests run (a request admitted between the calls may take one)."""
+    pool, allocator = runner.req_to_token_pool, runner.token_to_kv_pool_allocator
+    if block_size % getattr(allocator, "page_size", 1):
+        return 0
+    return min(pool.available_size(), allocator.available_size() // block_size)
 
 
 def reserve(scratch: Scratch, forward_batch, request: int, count: int, block_size: int

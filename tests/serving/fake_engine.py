@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -149,23 +149,26 @@ def batch_of(runner: FakeRunner, requests: list[FakeRequest]) -> ForwardBatch:
 
 
 def serve(runner: FakeRunner, algorithm, prompts: list[list[int]], max_new: int,
-          mask_token_id: int, max_rounds: int = 2000, params: list[Any] | None = None
-          ) -> list[list[int]]:
+          mask_token_id: int, max_rounds: int = 2000, params: list[Any] | None = None,
+          admit: Callable[[int], None] | None = None) -> list[list[int]]:
     """Decode all prompts together in FDFO rounds (sampling params per request, default
-    greedy); the first max_new tokens of each."""
+    greedy); the first max_new tokens of each. `admit(round)` runs before each round's
+    call, where SGLang's scheduler admits other requests into free request-table rows."""
     L = runner.block_size
     params = params or [GREEDY_PARAMS] * len(prompts)
     requests = [FakeRequest(prompt, max_new, p) for prompt, p in zip(prompts, params)]
     rows = runner.req_to_token_pool.alloc_rows(len(requests))
     for request, row in zip(requests, rows):
         request.row = row
-    for _ in range(max_rounds):
+    for round_ in range(max_rounds):
         active = [r for r in requests if not r.finished]
         if not active:
             return [r.output[:max_new] for r in requests]
         for request in active:
             if request.block is None:
                 start_block(runner, request, mask_token_id)
+        if admit is not None:
+            admit(round_)
         _, next_ids, accepted, states, _ = algorithm.run(runner, batch_of(runner, active),
                                                           [r.state for r in active])
         generating = [r.offset + L > len(r.prompt) for r in active]  # else prompt-only

@@ -1,6 +1,6 @@
-"""MrpSpeculative's round is batched: one accept over every request's chain and at most two
-host reads per forward (the verdicts, which say which requests draft; SGLang's answer),
-however many requests the forward holds (the fake engine of `fake_engine.py`, several
+"""MrpSpeculative's round is batched: one accept over every request's chain and one host
+read per forward (SGLang's answer, the pending drafts and the verdicts together), however
+many requests the forward holds (the fake engine of `fake_engine.py`, several
 requests of mixed prompt lengths).
 
 The reads counted are tensor -> host conversions (`tolist`, `item`, `bool`, `int`,
@@ -69,7 +69,7 @@ def count_calls(monkeypatch, owner, name: str) -> Counter:
 
 @pytest.mark.parametrize("threshold", [1.0, 0.2])
 @pytest.mark.parametrize("head", [True, False])
-def test_one_accept_and_two_host_reads_per_forward(tmp_path, monkeypatch, threshold, head):
+def test_one_accept_and_one_host_read_per_forward(tmp_path, monkeypatch, threshold, head):
     block_size, lookahead = 4, 3
     model = backbone(5, block_size, True)  # damped: long accepted runs, several rows each
     prompts = rule_prompts(5, block_size, True, threshold)
@@ -92,7 +92,7 @@ def test_one_accept_and_two_host_reads_per_forward(tmp_path, monkeypatch, thresh
     assert forwards == runner.forwards and forwards > 0
     assert runner.rows > forwards * len(prompts) // 2, "few drafts verified: a weak test"
     assert 0 < accepts["count_accepted"] <= forwards, accepts
-    assert reads["mrp_dlm/serving/speculative.py"] == 2 * forwards, reads
+    assert reads["mrp_dlm/serving/speculative.py"] == forwards, reads
     assert reads["mrp_dlm/decoding/round.py"] == 0, reads
     assert reads["mrp_dlm/decoding/speculative.py"] <= forwards * (lookahead + 1), reads
 
@@ -125,3 +125,81 @@ def test_the_accept_steps_only_candidates_with_a_successor(monkeypatch):
     assert tuple(tuple(r) for r in got) == low_confidence(5, block_size, True, threshold)[0]
     assert len(requests) == runner.forwards and len(stepped) > 0
     assert sum(stepped) == runner.rows - sum(requests) > 0, (sum(stepped), runner.rows)
+
+
+@pytest.mark.parametrize("admitting", [False, True])
+def test_drafts_only_what_the_free_rows_can_verify(monkeypatch, admitting):
+    """With free request-table rows for fewer drafts than the plan's for every request,
+    the requests share them and each draft finds its row next call: no verify falls back.
+    `admitting`: before every other call other requests take every free row (SGLang's
+    scheduler admits requests between calls), so drafts made on the call before fall back;
+    the output is still LowConfidence's, and the table is left as it was found."""
+    block_size, threshold = 4, 0.9
+    model = backbone(5, block_size, True)
+    prompts = rule_prompts(5, block_size, True, threshold)
+    runner = FakeRunner(model, block_size, max_rows=len(prompts) + 6, model_parts=SimpleNamespace(
+        mrp_host=host_of_model(model), mrp_head=None))
+    pool = runner.req_to_token_pool
+    algorithm = plugin.MrpSpeculative(dllm_config("MrpSpeculative", block_size, lookahead=3,
+                                                  threshold=threshold, adaptive=False))
+    others: list[int] = []  # the rows the other requests hold
+
+    def admit(round_: int) -> None:
+        pool.free_rows(others)
+        others.clear()
+        if admitting and round_ % 2:
+            others.extend(pool.alloc_rows(pool.available_size()))
+
+    fallbacks, reserve = [], plugin.reserve
+
+    def counted_reserve(*args):
+        item = reserve(*args)
+        fallbacks.append(item is None)
+        return item
+
+    monkeypatch.setattr(plugin, "reserve", counted_reserve)
+    got = serve(runner, algorithm, prompts, MAX_NEW[block_size], MASK, admit=admit)
+    monkeypatch.undo()
+    pool.free_rows(others)
+    assert tuple(tuple(r) for r in got) == low_confidence(5, block_size, True, threshold)[0]
+    assert len(fallbacks) > runner.forwards // 3, "few drafts: a weak test"
+    assert any(fallbacks) == admitting, f"{sum(fallbacks)} of {len(fallbacks)} fell back"
+    assert pool.available_size() == 6  # the prompts' own rows are the fake scheduler's
+
+
+def test_a_full_request_table_drafts_nothing(monkeypatch):
+    """With no free request-table row a request cannot verify drafts, so none drafts: each
+    call is LowConfidence's forward and step (one row per request, no head steps, the
+    head's keys of done blocks not written)."""
+    block_size, threshold = 4, 0.2
+    model = backbone(5, block_size, True)
+    prompts = rule_prompts(5, block_size, True, threshold)
+    runner = FakeRunner(model, block_size, max_rows=len(prompts))
+    algorithm = plugin.MrpSpeculative(dllm_config("MrpSpeculative", block_size, lookahead=3,
+                                                  threshold=threshold, adaptive=False))
+    drafts = count_calls(monkeypatch, plugin, "draft")
+    reserves = count_calls(monkeypatch, plugin, "reserve")
+    stores = count_calls(monkeypatch, algorithm, "store_done")
+    got = serve(runner, algorithm, prompts, MAX_NEW[block_size], MASK)
+    monkeypatch.undo()
+    assert tuple(tuple(r) for r in got) == low_confidence(5, block_size, True, threshold)[0]
+    assert runner.forwards > 0
+    assert drafts["draft"] == reserves["reserve"] == stores["store_done"] == 0
+
+
+def test_drafters_share_the_free_rows():
+    """Who drafts how deep, from the rows free now: all the whole plan when rows suffice;
+    with fewer, the requests with masks left the same first drafts each (one each when
+    rows are fewer than they); none while a probe learns this batch size's costs, or
+    without rows."""
+    algorithm = plugin.MrpSpeculative(dllm_config("MrpSpeculative", 4, lookahead=3,
+                                                  adaptive=False))
+    plan = (plugin.HEAD,) * 3
+    eligible = torch.tensor([[True, False], [False, False], [True, True], [False, True]])
+    assert algorithm.drafters(12, plan, eligible, True) == ([0, 1, 2, 3], plan)
+    assert algorithm.drafters(7, plan, eligible, False) == ([0, 2, 3], plan[:2])
+    assert algorithm.drafters(3, plan, eligible, False) == ([0, 2, 3], plan[:1])
+    assert algorithm.drafters(2, plan, eligible, False) == ([0, 2], plan[:1])
+    assert algorithm.drafters(11, plan, eligible, True) == ([], ())
+    assert algorithm.drafters(0, plan, eligible, False) == ([], ())
+    assert algorithm.drafters(12, (), eligible, False) == ([], ())
