@@ -23,6 +23,11 @@ nucleus only takes competitors away). It does when the mass of the tokens >= p_w
 token the sort can place up to w, is below top_p by more than rounding: one thresholded
 sum per row. A race draws w outside the nucleus in about 1 - top_p of the rows.
 
+A winner the nucleus surely cuts (`outside_nucleus`: the mass of the tokens > p_w already
+clears top_p) takes every token <= p_w out with it, so the nucleus lies among the tokens
+> p_w: the race over those alone (a floor just above p_w) gives a winner that is the
+nucleus's where the nucleus surely holds it.
+
 Deliberately not here: the race over the nucleus (`race.race_screened` takes the floor),
 top-k (its floor is the k-th value, `sampling.py`), anything but a CPU's float64 cumsum.
 
@@ -140,19 +145,33 @@ def nucleus(probs: torch.Tensor, top_p: float) -> Nucleus:
                    split=certain & cut_inside & (after == floor), certain=certain)
 
 
-def inside_nucleus(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch.Tensor:
-    """(R,) bool: True where `truncate(probs, 0, top_p)` surely keeps token tokens (R,)
-    int64 of probs (R, V) float32 (False: kept or not, unknown). Truncate keeps sorted
-    token w while fl32(fl32(S_w) - p_w) < fl32(top_p), and S_w <= A, the mass of the tokens
-    >= p_w (module docstring). A is summed with a bounded error: float32 over SUM_GROUP
-    tokens, then float64. Host reads of p_w: meant for the CPU."""
+def mass_above(probs: torch.Tensor, below: list[float]) -> torch.Tensor:
+    """The float64 mass (R,) of the tokens of probs (R, V) float32 above below[r], summed
+    in float32 over SUM_GROUP tokens, then float64 (relative error < SUM_SLACK)."""
     R, V = probs.shape
     groups = V // SUM_GROUP  # whole groups; the rest is summed in float64 directly
-    value = probs.gather(1, tokens[:, None])[:, 0]  # (R,) p_w
-    below = torch.nextafter(value, torch.zeros_like(value)).tolist()  # x > below <=> x >= p_w
-    mass = torch.empty(R, dtype=torch.float64, device=probs.device)  # (R,) A
+    mass = torch.empty(R, dtype=torch.float64, device=probs.device)  # (R,)
     for r in range(R):  # threshold takes one number; a row at a time stays in cache
         kept = torch.nn.functional.threshold(probs[r], below[r], 0.0)  # (V,)
         mass[r] = (kept[:groups * SUM_GROUP].view(groups, SUM_GROUP).sum(-1)
                    .sum(dtype=torch.float64) + kept[groups * SUM_GROUP:].sum(dtype=torch.float64))
-    return mass * (1.0 + SUM_SLACK) < top_p - MARGIN
+    return mass
+
+
+def inside_nucleus(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(R,) bool: True where `truncate(probs, 0, top_p)` surely keeps token tokens (R,)
+    int64 of probs (R, V) float32 (False: kept or not, unknown). Truncate keeps sorted
+    token w while fl32(fl32(S_w) - p_w) < fl32(top_p), and S_w <= A, the mass of the tokens
+    >= p_w (module docstring). Host reads of p_w: meant for the CPU."""
+    value = probs.gather(1, tokens[:, None])[:, 0]  # (R,) p_w
+    below = torch.nextafter(value, torch.zeros_like(value)).tolist()  # x > below <=> x >= p_w
+    return mass_above(probs, below) * (1.0 + SUM_SLACK) < top_p - MARGIN
+
+
+def outside_nucleus(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(R,) bool: True where `truncate(probs, 0, top_p)` surely cuts token tokens (R,) and
+    every token no more probable (False: unknown). Every token the sort places after the
+    tokens > p_w has at least their mass before it, and truncate cuts it once that mass
+    clears top_p by more than rounding. Host reads of p_w: meant for the CPU."""
+    value = probs.gather(1, tokens[:, None])[:, 0].tolist()  # (R,) p_w: x > p_w
+    return mass_above(probs, value) * (1.0 - SUM_SLACK) >= top_p + MARGIN

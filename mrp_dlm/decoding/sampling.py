@@ -37,7 +37,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus
+from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus, outside_nucleus
 from mrp_dlm.decoding.race import (race, race_candidates, race_screened, row_maxima,
                                    screen_bounds, screens, set_maxima, token_keys)
 
@@ -271,8 +271,32 @@ def top_p_tokens(probs: torch.Tensor, keys: torch.Tensor,
         tokens[rows] = raced
         if not bool(inside.all()):
             outside = left.nonzero()[:, 0][~inside]  # (m,)
-            tokens[outside] = unsettled_tokens(probs[outside], keys[outside], sampling,
-                                               None if bounds is None else bounds[~inside])
+            tokens[outside] = raced_past(probs[outside], keys[outside], raced[~inside],
+                                         sampling, None if bounds is None else bounds[~inside])
+    return tokens
+
+
+def raced_past(probs: torch.Tensor, keys: torch.Tensor, raced: torch.Tensor,
+               sampling: SamplingConfig, bounds: torch.Tensor | None) -> torch.Tensor:
+    """`sample_tokens` (R,) for top-p rows whose race winner raced (R,) the nucleus did not
+    surely hold: where it surely cuts it (`nucleus.outside_nucleus`), the race over the
+    tokens more probable than it, whose winner is the nucleus's where the nucleus surely
+    holds that; the rest take the floor (`unsettled_tokens`). bounds: the rows' screen
+    bounds, if known (they bound the floored values too)."""
+    tokens, settled = raced.clone(), torch.zeros_like(raced, dtype=torch.bool)  # (R,) x2
+    cut = outside_nucleus(probs, raced, sampling.top_p)  # (R,)
+    if bool(cut.any()):
+        rows = cut.nonzero()[:, 0]  # (n,)
+        value = probs[rows].gather(1, raced[rows, None])[:, 0]  # (n,) p_w
+        above = torch.nextafter(value, torch.ones_like(value))  # (n,) keeps p > p_w
+        again = race_screened(probs[rows], keys[rows], floor=above,
+                              bounds=None if bounds is None else bounds[rows])  # (n,)
+        tokens[rows] = again
+        settled[rows] = inside_nucleus(probs[rows], again, sampling.top_p)
+    if not bool(settled.all()):
+        rest = (~settled).nonzero()[:, 0]  # (m,)
+        tokens[rest] = unsettled_tokens(probs[rest], keys[rest], sampling,
+                                        None if bounds is None else bounds[rest])
     return tokens
 
 

@@ -242,12 +242,44 @@ def test_an_uncertain_nucleus_takes_the_dense_truncate(monkeypatch):
     assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
 
 
-def test_winners_outside_the_nucleus_take_the_floor(monkeypatch):
+def test_winners_outside_the_nucleus_race_above_themselves(monkeypatch):
+    """A winner the nucleus surely cuts: the race over the tokens more probable than it;
+    a second winner the nucleus does not surely hold, and a winner neither surely in nor
+    surely out, take the floor."""
     probs, sampling, positions, draw = case(20_011, 0.5, L=16, seed=3, top_p=0.8)
+    cut = []
+    outside = sampling_module.outside_nucleus
+
+    def counted(probs, tokens, top_p):
+        cut.append(outside(probs, tokens, top_p))
+        return cut[-1]
+
+    monkeypatch.setattr(sampling_module, "outside_nucleus", counted)
     rows = rows_passed(monkeypatch, "unsettled_tokens")
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()
-    assert len(rows) == 1 and 0 < rows[0] < 32  # some rows, not all
+    assert len(cut) == 1 and int(cut[0].sum()) > len(rows) and rows == [2]  # 7 cut, 2 floored
+    assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
+
+
+@pytest.mark.parametrize("V,scale,top_p", [(151_936, 1.0, 0.8), (20_011, 0.5, 0.8),
+                                           (4099, 0.3, 0.5)])
+def test_every_raced_row_forced_past_its_winner(V, scale, top_p, monkeypatch):
+    """Every raced row treated as uncertain at the first check: those whose winner the
+    nucleus surely cuts race above it, the rest take the floor; all are the definition."""
+    probs, sampling, positions, draw = case(V, scale, B=1 if V > 100_000 else 2,
+                                            L=4 if V > 100_000 else 8, top_p=top_p)
+    inside, calls = sampling_module.inside_nucleus, []
+
+    def first_uncertain(probs, tokens, top_p):
+        calls.append(probs.shape[0])
+        held = inside(probs, tokens, top_p)
+        return torch.zeros_like(held) if len(calls) == 1 else held
+
+    monkeypatch.setattr(sampling_module, "inside_nucleus", first_uncertain)
+    got = sample_tokens(probs, sampling, positions, draw)
+    monkeypatch.undo()
+    assert len(calls) == 2  # the first check, then the second winners' check
     assert torch.equal(got, definition_tokens(probs, sampling, positions, draw))
 
 
