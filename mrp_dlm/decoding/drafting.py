@@ -274,9 +274,8 @@ class DraftPlanner:
 
     def add_block(self, key: int, realized: int, predicted: float) -> None:
         """A lockstep block with drafts: its rows' most rule steps and the steps its plans
-        predicted (`acceptance.Lockstep`); kept only when adaptive."""
-        if self.adaptive:
-            self.lockstep.setdefault(key, Lockstep()).add(realized, predicted)
+        predicted (`acceptance.Lockstep`)."""
+        self.lockstep.setdefault(key, Lockstep()).add(realized, predicted)
 
     def copy_costs(self, key: int, plan: tuple[str, ...]) -> dict[int, float]:
         """Set size c > 1 -> one alternative's verify copy cost in a round of `plan`."""

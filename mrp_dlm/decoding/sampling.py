@@ -287,12 +287,13 @@ def raced_past(probs: torch.Tensor, keys: torch.Tensor, raced: torch.Tensor,
     cut = outside_nucleus(probs, raced, sampling.top_p)  # (R,)
     if bool(cut.any()):
         rows = cut.nonzero()[:, 0]  # (n,)
-        value = probs[rows].gather(1, raced[rows, None])[:, 0]  # (n,) p_w
+        past = probs[rows]  # (n, V)
+        value = past.gather(1, raced[rows, None])[:, 0]  # (n,) p_w
         above = torch.nextafter(value, torch.ones_like(value))  # (n,) keeps p > p_w
-        again = race_screened(probs[rows], keys[rows], floor=above,
+        again = race_screened(past, keys[rows], floor=above,
                               bounds=None if bounds is None else bounds[rows])  # (n,)
         tokens[rows] = again
-        settled[rows] = inside_nucleus(probs[rows], again, sampling.top_p)
+        settled[rows] = inside_nucleus(past, again, sampling.top_p)
     if not bool(settled.all()):
         rest = (~settled).nonzero()[:, 0]  # (m,)
         tokens[rest] = unsettled_tokens(probs[rest], keys[rest], sampling,

@@ -275,9 +275,10 @@ class SpeculativeDecoder:
             rows.shape[0], dtype=torch.long, device=rows.device))
 
     def end_block(self) -> None:
-        """The block tracked so far to the planner, if it drafted."""
+        """The block tracked so far to the planner, if it drafted and the planner adapts
+        (the read of its rows' steps is the block's one host read)."""
         block, self.block = self.block, None
-        if block is not None and block.drafted:
+        if block is not None and block.drafted and self.planner.adaptive:
             self.planner.add_block(block.key, int(block.steps.max()), block.predicted)
 
     def round_plan(self, context: BlockContext, rows: BlockRows, sources: tuple[str, ...],
