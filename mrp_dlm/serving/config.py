@@ -44,11 +44,13 @@ class ServingConfigError(ValueError):
 class MrpServingConfig:
     """What the MRP algorithms need beyond SGLang's own server arguments."""
 
-    head: str | None = None  # MRP head directory, trained on this model at this block size (None: MrpSpeculative self-drafts; MrpDirect refuses)
+    # MRP head directory, trained on this model at this block size (None: MrpSpeculative
+    # self-drafts; MrpDirect refuses)
+    head: str | None = None
     lookahead: int = DecodeConfig.lookahead  # K: head steps per round (the library's default)
     threshold: float | None = None  # MrpSpeculative's rule; None: the library's default
     adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: draft only what pays (as the library)
-    remask_delta: float | None = None  # MrpRemask: δ of the residual veto; None: the library's default
+    remask_delta: float | None = None  # MrpRemask: δ of the veto; None: the library's default
     block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
     mask_token_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
     capture_input_preparation: bool = True  # SGLang's own key; accepted and passed through

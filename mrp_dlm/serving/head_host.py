@@ -7,13 +7,14 @@ fingerprint read `config` (a BackboneConfig) and `lm_head.weight`. SGLang may pa
 vocabulary rows of its embedding and lm_head; the view slices them back to V rows, so the
 fingerprint hashes exactly the checkpoint's lm_head.
 
-Deliberately not here: SGLang's model class (see `models/sdar_mrp.py`) and any decoding.
+Deliberately not here: SGLang's model class (`sglang_forward.MrpModel`) and any decoding.
 
 Shapes: T tokens, H hidden, V vocab.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -24,7 +25,9 @@ from mrp_dlm.config import BackboneConfig
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head
 from mrp_dlm.model.loading import config_from_hf, read_json
-from mrp_dlm.serving.config import BlockFacts
+from mrp_dlm.serving.config import BlockFacts, load_serving_config
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,3 +80,19 @@ def host_of(hf_config: Any, embed_tokens: Callable, lm_head_weight: torch.Tensor
 def load_host_head(directory: Path, host: HeadHost) -> MRPHead:
     """The head in `directory`, checked against the served model and block size."""
     return load_head(directory, host, host.config.block_size)
+
+
+def attach_head(config_path: str | None, hf_config: Any, embed_tokens: Callable,
+                lm_head_weight: torch.Tensor, facts: BlockFacts
+                ) -> tuple[HeadHost, MRPHead | None]:
+    """(host, head) of a served model: the head named by the YAML, checked against the
+    model; None when it names none (MrpSpeculative self-drafts, only the host is needed)."""
+    serving = load_serving_config(config_path)
+    host = host_of(hf_config, embed_tokens, lm_head_weight, facts)
+    if serving.head_directory() is None:
+        log.info("no MRP head: MrpSpeculative self-drafts (the rule on the seed logits)")
+        return host, None
+    head = load_host_head(serving.head_directory(), host)
+    log.info("MRP head loaded from %s (%d layers, block size %d)", serving.head,
+             head.config.num_layers, facts.block_size)
+    return host, head

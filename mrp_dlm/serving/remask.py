@@ -30,9 +30,9 @@ class MrpRemask(MrpAlgorithm):
         super().__init__(config)
         self.rule = self.serving.remask
 
-    def run(self, model_runner, forward_batch, algo_states=None):
+    def decode(self, model_runner, forward_batch, states):
         head, host = self.model_parts(model_runner)
-        one = OneStep.run(model_runner, forward_batch, algo_states, self.block_size,
+        one = OneStep.run(model_runner, forward_batch, states, self.block_size,
                           self.mask_id)
         block = one.step.rows.tokens  # (B, L)
         if not all(one.done):

@@ -8,7 +8,7 @@ Deliberately not here: what the config turns into (the SGLang command, see `laun
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
@@ -27,11 +27,17 @@ class ServeConfig:
 
     model: str | None = None  # checkpoint directory (HF format); unset: the embedded model
     head: str | None = None  # MRP head directory; unset: the embedded head with the embedded model
-    algorithm: str = "MrpSpeculative"  # MrpSpeculative (lossless), MrpDirect, MrpRemask (the paper's residual veto) or LowConfidence
-    threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
-    lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
+    algorithm: str = field(default="MrpSpeculative", metadata={"help": (
+        "MrpSpeculative (lossless), MrpDirect, MrpRemask (the paper's residual veto) or "
+        "LowConfidence")})
+    threshold: float | None = field(default=None, metadata={"help": (
+        "the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp "
+        "generate's")})
+    lookahead: int = field(default=DecodeConfig.lookahead, metadata={"help": (
+        "K: head drafts per round (speculative), commits per forward (direct)")})
     adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay
-    remask_delta: float = DecodeConfig.remask_delta  # MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask
+    remask_delta: float = field(default=DecodeConfig.remask_delta, metadata={"help": (
+        "MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask")})
     port: int = 30000  # HTTP port on 127.0.0.1
     device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
 

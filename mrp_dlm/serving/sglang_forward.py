@@ -1,45 +1,138 @@
-"""Several block states of one request in ONE ordinary dLLM forward, as extra rows.
+"""The forward door: what one dLLM forward touches of SGLang 0.5.23 (the other door,
+`sglang_process.py`, holds the hooks, registries and version gate).
 
-SGLang runs a dLLM forward with exactly L tokens per row, each row attending to its cached
-prefix (through its request-table row) and to itself. A candidate state of a request gets
-a temporary request-table row holding a copy of the request's prefix slot ids plus L
-scratch KV slots; the request's own row carries its last candidate. Everything temporary
-is freed before `run()` returns, so SGLang's scheduler never sees it. It could not be held
-longer: SGLang sizes the request table to its running-request cap, and a dLLM request
-admitted without a free row stalls every batch (prefill batches go first), so a row held
-between calls can stop the server.
+- `SGLangAlgorithm`: SGLang's dLLM algorithm contract (`DllmAlgorithm`: constructor,
+  launch and request checks, `run` and its answer) around the MRP algorithms' own
+  `setup`, `check_launch`, `refusal` and `decode`;
+- the ForwardBatch's block ids, positions and prompt mask, and the model runner's forward;
+- the request table (`req_to_token`) and the KV allocator: the head pool's slot ids, and
+  the verify rows: several block states of one request in one forward, as extra rows.
+  A candidate gets a temporary request-table row (a copy of the request's prefix slot ids
+  plus L scratch KV slots); the request's own row carries its last candidate. Everything
+  temporary is freed before `run()` returns: SGLang sizes the request table to its
+  running-request cap, and a row held between calls can stall its scheduler;
+- `MrpModel`, mixed into SGLang's model classes (`models/`): hidden states and SUBS on
+  dLLM forwards, the MRP head attached after the weights load.
+docs/serving.md lists every touch with the SGLang file it mirrors.
 
-These are SGLang internals that changed twice in 2026 (`ReqToTokenPool.alloc_rows` /
-`free_rows`, the KV location plan of a ForwardBatch): this module is the one place that
-touches them, and it refuses any SGLang version it was not written against.
+Deliberately not here: which states to verify and what to accept (`speculative.py`).
 
-Deliberately not here: which states to verify and what to accept (see `speculative.py`).
-
-Shapes: B requests of the batch, N rows of the built batch, L block size, P prefix slots.
+Shapes: B requests of the batch, N rows of the built batch, L block size, P prefix slots,
+R requests of a head call, C columns, T tokens, H hidden, V vocab.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
+import logging
 from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
 
 import torch
+from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 
-SUPPORTED_SGLANG = ("0.5.23",)
+from mrp_dlm.serving.sglang_process import (MODEL_BASES, check_version, launch_args,
+                                            served_algorithm, tensor_parallel_size)
+
+log = logging.getLogger(__name__)
 
 
-class UnsupportedSGLang(RuntimeError):
-    pass
+@dataclass(frozen=True)
+class Answer:
+    """What `decode` returns: SGLang's run answer without its encoding."""
+
+    out: Any  # the model runner's output of the call's forward
+    blocks: list[list[int]]  # (B, L) every request's next block ids
+    done: list[bool]  # per request: the block is committed (its KV is clean)
+    states: list[Any]  # per request: what it carries to the next call (dropped when done)
 
 
-def check_sglang_version() -> None:
-    import sglang
+class SGLangAlgorithm(DllmAlgorithm):
+    """SGLang's dLLM algorithm contract (sglang/srt/dllm/algorithm/base.py). SGLang's base
+    sets `self.block_size` and `self.mask_id`; subclasses define `setup(algorithm_config,
+    fdfo)`, `check_launch(LaunchArgs)`, `refusal(sampling_params)` and `decode`."""
 
-    version = getattr(sglang, "__version__", "unknown")
-    if version not in SUPPORTED_SGLANG:
-        raise UnsupportedSGLang(f"the MRP plugin builds verify batches from SGLang "
-                                f"{' / '.join(SUPPORTED_SGLANG)} internals; found SGLang "
-                                f"{version}. Install mrp-dlm[sglang] (pins the version).")
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        check_version()
+        self.setup(dict(config.algorithm_config), config.first_done_first_out_mode)
+
+    @classmethod
+    def configure_server_args(cls, server_args: Any) -> None:
+        cls.check_launch(launch_args(server_args))
+
+    @classmethod
+    def validate_request(cls, req: Any) -> Optional[str]:
+        return cls.refusal(req.sampling_params)
+
+    def run(self, model_runner, forward_batch, algo_states=None):
+        states = algo_states or [None] * forward_batch.batch_size
+        answer = self.decode(model_runner, forward_batch, states)
+        return (answer.out.logits_output, answer.blocks,
+                [self.block_size if d else 0 for d in answer.done],
+                [None if d else s for s, d in zip(answer.states, answer.done)],
+                answer.out.can_run_graph)
+
+
+def block_ids(forward_batch: Any, block_size: int) -> torch.Tensor:
+    """(B, L) the batch's block ids (a view: `write_block_ids` changes it)."""
+    return forward_batch.input_ids.view(-1, block_size)
+
+
+def write_block_ids(forward_batch: Any, blocks: torch.Tensor) -> None:
+    """The batch's input ids := blocks (B, L), as SGLang's next call reads them."""
+    forward_batch.input_ids.copy_(blocks.reshape(-1).to(forward_batch.input_ids.dtype))
+
+
+def block_positions(forward_batch: Any, block_size: int) -> torch.Tensor:
+    """(B, L) int64 positions of the batch's blocks."""
+    return forward_batch.positions.view(-1, block_size).long()
+
+
+def prompt_mask_of(forward_batch: Any, block_size: int, mask_token_id: int) -> torch.Tensor:
+    """(B, L) bool: block positions that are prompt (never revealed)."""
+    mask = forward_batch.dllm_prompt_mask
+    if mask is not None:
+        return mask.view(-1, block_size).clone()
+    return block_ids(forward_batch, block_size) != mask_token_id
+
+
+def forward_rows(model_runner: Any, forward_batch: Any, block_size: int
+                 ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """One forward: (output, logits (N, L, V) float32, hidden (N, L, H))."""
+    out = model_runner.forward(forward_batch, pp_proxy_tensors=None)
+    logits = out.logits_output.full_logits
+    hidden = out.logits_output.hidden_states
+    if hidden is None:
+        raise RuntimeError("the served model returned no hidden states; the MRP algorithms "
+                           "need the mrp-dlm model class")
+    N = logits.shape[0] // block_size
+    return out, logits.float().view(N, block_size, -1), hidden.view(N, block_size, -1)
+
+
+def served_model(model_runner: Any) -> Any:
+    return model_runner.model
+
+
+def kv_slot_count(model_runner: Any) -> int:
+    """Slot ids the runner's KV allocator hands out are below this (size + page size)."""
+    allocator = model_runner.token_to_kv_pool_allocator
+    return allocator.size + getattr(allocator, "page_size", 1)
+
+
+def prefix_lengths(forward_batch: Any, requests: list[int]) -> list[int]:
+    """Tokens before the current block, per request of `requests` (batch indices)."""
+    return [int(forward_batch.extend_prefix_lens_cpu[i]) for i in requests]
+
+
+def request_slots(model_runner: Any, forward_batch: Any, requests: list[int],
+                  columns: torch.Tensor) -> torch.Tensor:
+    """(R, C) int64 KV slot ids at columns (R, C) of the requests' request-table rows."""
+    table = model_runner.req_to_token_pool.req_to_token  # (rows, max context)
+    index = torch.tensor(requests, dtype=torch.long, device=table.device)  # (R,)
+    rows = forward_batch.req_pool_indices.to(table.device)[index].long()  # (R,)
+    return table[rows[:, None], columns.to(table.device)].long()  # (R, C)
 
 
 @dataclass
@@ -121,6 +214,18 @@ def layout_of(batch_size: int, reservations: list[Reservation]) -> RowLayout:
     return RowLayout(owner=owner, own=own)
 
 
+ROW_TENSORS = ("seq_lens", "orig_seq_lens", "extend_seq_lens", "extend_prefix_lens",
+               "dllm_prompt_mask")  # per-request tensors: each row takes its request's
+ROW_LISTS = ("extend_prefix_lens_cpu", "extend_seq_lens_cpu", "extend_logprob_start_lens_cpu",
+             "lora_ids", "rids", "mm_inputs", "encoder_cached", "encoder_lens_cpu",
+             "top_logprobs_nums", "token_ids_logprobs")  # per-request host lists, the same
+ROW_FIELDS = ("batch_size", "input_ids", "positions", "req_pool_indices",
+              "req_pool_indices_cpu", "out_cache_loc", "seq_lens_cpu", "seq_lens_sum",
+              *ROW_TENSORS, *ROW_LISTS, "extend_num_tokens", "extend_start_loc",
+              "global_num_token_non_padded_cpu", "global_num_token_non_padded",
+              "forward_metadata_ready")  # every ForwardBatch field build_rows_batch writes
+
+
 def build_rows_batch(runner, forward_batch, reservations: list[Reservation],
                      input_ids: torch.Tensor, block_size: int):
     """A copy of `forward_batch` with N rows: each reservation's rows before its request's
@@ -152,17 +257,14 @@ def build_rows_batch(runner, forward_batch, reservations: list[Reservation],
                                          device=device)  # (N,)
     rows.req_pool_indices_cpu = torch.tensor(pool_rows, dtype=torch.int64)
     rows.out_cache_loc = torch.cat(slots)  # (N*L,)
-    for name in ("seq_lens", "orig_seq_lens", "extend_seq_lens", "extend_prefix_lens",
-                 "dllm_prompt_mask"):
+    for name in ROW_TENSORS:
         value = getattr(forward_batch, name)
         if value is not None:
             setattr(rows, name, value[owner.to(value.device)])
     if forward_batch.seq_lens_cpu is not None:
         rows.seq_lens_cpu = forward_batch.seq_lens_cpu[torch.tensor(owner_cpu)]
         rows.seq_lens_sum = int(rows.seq_lens_cpu.sum())
-    for name in ("extend_prefix_lens_cpu", "extend_seq_lens_cpu", "extend_logprob_start_lens_cpu",
-                 "lora_ids", "rids", "mm_inputs", "encoder_cached", "encoder_lens_cpu",
-                 "top_logprobs_nums", "token_ids_logprobs"):
+    for name in ROW_LISTS:
         value = getattr(forward_batch, name)
         if value is not None:
             setattr(rows, name, [value[i] for i in owner_cpu])
@@ -177,3 +279,56 @@ def build_rows_batch(runner, forward_batch, reservations: list[Reservation],
     translator = runner.kv_index_translator
     translator.own_plan(rows).bind(rows, translator)
     return rows, layout
+
+
+def sglang_model_class(architecture: str) -> type:
+    """SGLang's own model class of an MRP architecture (`MODEL_BASES`)."""
+    return getattr(importlib.import_module(MODEL_BASES[architecture]), architecture)
+
+
+class MrpModel:
+    """Mixed into SGLang's model class of an MRP architecture (first base, see `models/`).
+
+    For dLLM forwards only: the output's `hidden_states` carries the final hidden states
+    (after the final norm, h_A) for the head, and the mask token's logit is -inf (SUBS, as
+    in our decoder: [MASK] is never committed). `load_weights` skips a release's head
+    tensors (`mrp_modules.*`, which SGLang's loader would misname) and, when an MRP
+    algorithm serves, attaches the head named by the YAML (`head_host.attach_head`)."""
+
+    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+        from mrp_dlm.serving.config import read_yaml, resolve_block_facts
+
+        super().__init__(config, quant_config=quant_config, prefix=prefix)
+        self.block_facts = resolve_block_facts(read_yaml(served_algorithm()[1]), config)
+        self.mask_token_id = self.block_facts.mask_token_id
+        self.mrp_head = None  # MRPHead, set by load_weights when the YAML names one
+        self.mrp_host = None  # HeadHost, set by load_weights for the MRP algorithms
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None,
+                pp_proxy_tensors=None):
+        hidden = self.model(input_ids=input_ids, positions=positions,
+                            forward_batch=forward_batch, input_embeds=input_embeds,
+                            pp_proxy_tensors=pp_proxy_tensors)  # (T, H) after the final norm
+        output = self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+        if forward_batch.forward_mode.is_dllm_extend():
+            output.full_logits[:, self.mask_token_id] = float("-inf")  # (T, V)
+            output.hidden_states = hidden
+        return output
+
+    def load_weights(self, weights: Iterable) -> None:
+        from mrp_dlm.model.release import is_head_tensor
+        from mrp_dlm.serving.head_host import attach_head
+        from mrp_dlm.serving.plugin import ALGORITHMS
+
+        super().load_weights((name, tensor) for name, tensor in weights
+                             if not is_head_tensor(name))
+        algorithm, config_path = served_algorithm()
+        if algorithm not in ALGORITHMS:
+            return
+        if tensor_parallel_size() > 1:
+            raise ValueError("the MRP algorithms support tensor parallelism 1 only (got --tp "
+                             f"{tensor_parallel_size()}); SDAR 1.7B-8B fit one GPU")
+        self.mrp_host, self.mrp_head = attach_head(config_path, self.config,
+                                                   self.model.embed_tokens,
+                                                   self.lm_head.weight, self.block_facts)

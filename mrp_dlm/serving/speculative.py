@@ -2,7 +2,7 @@
 
 Each `run()` does one forward in which every request has one or more rows:
 - a request with drafts pending verifies them all: its candidates S_1 .. S_M (M = K + 1)
-  as extra rows plus its own row carrying S_M (see `verify_batch.py`);
+  as extra rows plus its own row carrying S_M (see `sglang_forward.py`);
 - any other request (a fresh block, a finished block to store, or one whose scratch rows
   or slots ran short: the one-row static fallback) forwards its accepted state alone.
 Then the round runs batched over all requests, on the device, in the library's phases
@@ -14,7 +14,7 @@ carries S_m next round, m <= M; the chain stops once no drafting request has a m
 and the head's context is built only at its first head step). So a request without
 scratch rows still advances one exact threshold step per forward.
 Only what the request-table rows free at draft time can verify next call is drafted
-(`drafters`, `verify_batch.spare_rows`): SGLang's request table is as large as its
+(`drafters`, `sglang_forward.spare_rows`): SGLang's request table is as large as its
 running-request cap, so at the cap (as `mrp serve` runs a CPU at 8 requests and more)
 no row is free, nothing drafts, and a call is LowConfidence's forward and step; rows for
 fewer drafts than the plan's for every request go to the requests with masks left, the
@@ -41,15 +41,15 @@ server's own timed forwards; with none, a request's next forward is its one row,
 
 Each drafting round's verified and accepted drafts go to the serving stats (`stats.py`).
 Scratch rows and slots are freed inside the same call (held until the next, a row could
-stall SGLang's scheduler: see `verify_batch.py`). Acceptance is per request: no
+stall SGLang's scheduler: see `sglang_forward.py`). Acceptance is per request: no
 request waits for another. The rule is `LowConfidence`'s at the YAML's `threshold` (every
 masked position above it, else the most confident; 1.0: static decoding, one token per
 forward). Every committed state is the backbone's own step on the state before it, so the
 output equals `LowConfidence` at that threshold, token for token.
 
 Deliberately not here: the pure draft/accept phases (shared with the library decoder, see
-`decoding/speculative.py` and `decoding/round.py`) and SGLang batch surgery (see
-`verify_batch.py`).
+`decoding/speculative.py` and `decoding/round.py`) and SGLang's names (see
+`sglang_forward.py`).
 
 Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidates.
 """
@@ -67,11 +67,13 @@ from mrp_dlm.decoding.sampling import SamplingConfig
 from mrp_dlm.decoding.selection import Rule
 from mrp_dlm.decoding.speculative import Drafter, Drafts, draft
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
-from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.base import MrpAlgorithm
 from mrp_dlm.serving.head_pool import HeadContext
 from mrp_dlm.serving.sampling import batch_sampling
+from mrp_dlm.serving.sglang_forward import (Answer, Scratch, block_ids, block_positions,
+                                            build_rows_batch, forward_rows, prompt_mask_of,
+                                            reserve, spare_rows, write_block_ids)
 from mrp_dlm.serving.stats import stats_of
-from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve, spare_rows
 
 
 @dataclass
@@ -181,11 +183,11 @@ class MrpSpeculative(MrpAlgorithm):
                                     head=self.serving.head is not None)
         self.last_draft = (0, 0, 0.0)  # drafts after the first, head steps, seconds: the last
 
-    def run(self, model_runner, forward_batch, algo_states=None):
-        B, L = forward_batch.batch_size, self.block_size
+    def decode(self, model_runner, forward_batch, algo_states):
+        B, L = len(algo_states), self.block_size
         bucket = 1 << (B - 1).bit_length()  # 1, 2, 4, 8, ...: costs are kept per bucket
         probe = self.planner.probe(bucket)
-        timer = Timer(forward_batch.input_ids.device, enabled=probe is not None)
+        timer = Timer(block_ids(forward_batch, L).device, enabled=probe is not None)
         states = self.carried_states(forward_batch, algo_states)
         scratch = Scratch(model_runner)
         try:
@@ -199,7 +201,7 @@ class MrpSpeculative(MrpAlgorithm):
             scratch.release()
         if probe is not None:
             self.sample(probe, bucket, rounds, seconds)
-        positions = forward_batch.positions.view(B, L).long()  # (B, L)
+        positions = block_positions(forward_batch, L)  # (B, L)
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
@@ -208,7 +210,7 @@ class MrpSpeculative(MrpAlgorithm):
                                        probe is not None)
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
                                  plan, timer, requests)
-        forward_batch.input_ids.copy_(drafted.last.reshape(-1).to(forward_batch.input_ids.dtype))
+        write_block_ids(forward_batch, drafted.last)
         read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None],
                           settled.accepted[:, None], chains.valid], dim=1).long().tolist()
         # ^ the one host read: SGLang's answer (next ids, done), pending drafts, verdicts
@@ -220,8 +222,7 @@ class MrpSpeculative(MrpAlgorithm):
         if spare:  # on a full table no request drafts: the head's keys would go unread
             self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]],
                             done)
-        return (out.logits_output, [row[:L] for row in read], [L if d else 0 for d in done],
-                [None if d else s for s, d in zip(states, done)], out.can_run_graph)
+        return Answer(out, [row[:L] for row in read], done, states)
 
     def drafters(self, rows: int, plan: tuple[str, ...], eligible: torch.Tensor,
                  probing: bool) -> tuple[list[int], tuple[str, ...]]:
@@ -250,10 +251,9 @@ class MrpSpeculative(MrpAlgorithm):
         return Rule(self.mask_id, self.threshold, sampling)
 
     def carried_states(self, forward_batch, algo_states) -> list[BlockState]:
-        B, L = forward_batch.batch_size, self.block_size
-        ids = forward_batch.input_ids.view(B, L)
+        L = self.block_size
+        ids = block_ids(forward_batch, L)  # (B, L)
         prompt = prompt_mask_of(forward_batch, L, self.mask_id)  # (B, L)
-        algo_states = algo_states or [None] * B
         return [state if state is not None else BlockState(ids[i].clone(), prompt[i])
                 for i, state in enumerate(algo_states)]
 
@@ -279,11 +279,11 @@ class MrpSpeculative(MrpAlgorithm):
         hidden (N, L, H))."""
         L = self.block_size
         if not scratch.reservations:  # one row per request: SGLang's own batch
-            forward_batch.input_ids.copy_(rows_ids.view(-1).to(forward_batch.input_ids.dtype))
-            return run_rows(model_runner, forward_batch, L)
+            write_block_ids(forward_batch, rows_ids)
+            return forward_rows(model_runner, forward_batch, L)
         rows, _ = build_rows_batch(model_runner, forward_batch, scratch.reservations,
                                    rows_ids, L)
-        return run_rows(model_runner, rows, L)
+        return forward_rows(model_runner, rows, L)
 
     def settle(self, chains: Chains, prompt: torch.Tensor, logits: torch.Tensor,
                hidden: torch.Tensor, positions: torch.Tensor, sampling: SamplingConfig

@@ -407,7 +407,7 @@ def test_stats_of_speculative_count_accepted_drafts(tmp_path):
 
 
 def test_stats_hook_reads_the_scheduler_requests(caplog):
-    from mrp_dlm.serving.stats import count_dllm_result
+    from mrp_dlm.serving.sglang_process import around_dllm_result as count_dllm_result
 
     def req(rid, prompt, extend_end, output, finished, finished_len=None):
         return SimpleNamespace(rid=rid, origin_input_ids=[0] * prompt, extend_end=extend_end,
