@@ -1,55 +1,23 @@
 """`MrpSpeculative`: lossless MRP speculative decoding as an SGLang dLLM algorithm (FDFO).
 
-Each `run()` does one forward in which every request has one or more rows:
-- a request with drafts pending verifies them all: its candidates S_1 .. S_M (M = K + 1)
-  as extra rows plus its own row carrying S_M (see `sglang_forward.py`);
-- any other request (a fresh block, a finished block to store, or one whose scratch rows
-  or slots ran short: the one-row static fallback) forwards its accepted state alone.
-Then the round runs batched over all requests, on the device, in the library's phases
-(`decoding/round.py`): accept and seed (the rule's step on each candidate followed by
-another, one `count_accepted` over the requests' chains padded to the longest; request b
-accepts n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft
-(one chain: S_1, the backbone's own threshold step, is accepted at once, and the own row
-carries S_m next round, m <= M; the chain stops once no drafting request has a mask left,
-and the head's context is built only at its first head step). So a request without
-scratch rows still advances one exact threshold step per forward.
-Only what the request-table rows free at draft time can verify next call is drafted
-(`drafters`, `sglang_forward.spare_rows`): SGLang's request table is as large as its
-running-request cap, so at the cap (as `mrp serve` runs a CPU at 8 requests and more)
-no row is free, nothing drafts, and a call is LowConfidence's forward and step; rows for
-fewer drafts than the plan's for every request go to the requests with masks left, the
-same first drafts each (a first draft is accepted most often).
-A block is done when its accepted state has no masks left AND its own row forwarded
-exactly that state (so the clean KV sits in the block's real slots; the head's keys of
-the block are written then from that row's hidden states, one head forward for all
-requests done in the call, see `head_pool.py`; not on a full request table, where no
-request could draft with them); a clean block whose own row held another state is
-stored by one more single-row forward.
-The host reads the round once: the next ids, done and pending drafts (SGLang's answer
-needs them as lists anyway) with the verdicts (per request: accepted, chain validity),
-from which the planner, per drafting plan, and the serving stats, per request, are
-recorded (the planner sees them from the next call's plan on). Besides that, the
-drafting chain's stop check, one per draft as in the library decoder, and, only when the
-free rows cannot take the whole plan of every request, which requests have masks left.
+Each call (`decode`) is one forward in which every request has one or more rows: a request
+with drafts pending verifies its candidates S_1 .. S_M (M = K + 1) as extra rows plus its
+own row carrying S_M (`sglang_forward.build_rows_batch`); any other request forwards its
+accepted state alone. The round then runs batched over all requests, on the device, in the
+library's phases: accept and seed (request b accepts n_b >= 1 candidates; the forward's row
+of S_n seeds it), then plan and draft one chain (S_1, the rule's own step, is accepted at
+once: a request that drafts nothing still advances one exact step per forward). Only as
+many drafts as the request table's free rows can verify next call are drafted (`drafters`):
+at the running-request cap no row is free, and a call is LowConfidence's forward and step.
+A block is done when its accepted state has no masks and its own row forwarded exactly that
+state; the head's keys of done blocks are written then (`head_pool.py`). The host reads the
+round once: SGLang's answer, the pending drafts, and the verdicts for the planner and the
+stats. Every committed state is the backbone's own step on the state before it, so the
+output equals `LowConfidence` at the YAML's `threshold`, token for token; with `adaptive`
+the planner drafts only what the acceptance and costs it measures say pay.
 
-With `adaptive` (the YAML's, default on) the chain drafts only what pays, each later draft
-a head draft or a self-draft (the rule's step on the seed logits, no head step), as
-`decoding/drafting.py` plans it from the acceptance of each source measured so far against
-the cost of a head step and a row per request, learnt per batch-size bucket from this
-server's own timed forwards; with none, a request's next forward is its one row, as
-`LowConfidence`'s.
-
-Each drafting round's verified and accepted drafts go to the serving stats (`stats.py`).
-Scratch rows and slots are freed inside the same call (held until the next, a row could
-stall SGLang's scheduler: see `sglang_forward.py`). Acceptance is per request: no
-request waits for another. The rule is `LowConfidence`'s at the YAML's `threshold` (every
-masked position above it, else the most confident; 1.0: static decoding, one token per
-forward). Every committed state is the backbone's own step on the state before it, so the
-output equals `LowConfidence` at that threshold, token for token.
-
-Deliberately not here: the pure draft/accept phases (shared with the library decoder, see
-`decoding/speculative.py` and `decoding/round.py`) and SGLang's names (see
-`sglang_forward.py`).
+Deliberately not here: the pure draft/accept phases (`decoding/`); SGLang's names
+(`sglang_forward.py`).
 
 Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidates.
 """
