@@ -83,12 +83,10 @@ def block_facts(hf_config: Any, yaml_path: Optional[str]) -> Optional["BlockFact
     return resolve_block_facts(read_yaml(yaml_path), hf_config)
 
 
-def head_bytes(algorithm: Optional[str], yaml_path: Optional[str], num_kv_heads: int,
-               head_dim: int, dtype: Any, backbone_bytes: int) -> int:
-    """KV bytes per token the MRP head's pool adds (one row per KV slot, `head_pool.py`):
-    0 unless an algorithm that keeps head keys serves with a head."""
-    if algorithm not in HEAD_KEY_ALGORITHMS:
-        return 0
+def head_bytes(yaml_path: Optional[str], num_kv_heads: int, head_dim: int, dtype: Any,
+               backbone_bytes: int) -> int:
+    """KV bytes per token the MRP head's pool adds (one row per KV slot, `head_pool.py`)
+    when one of HEAD_KEY_ALGORITHMS serves: 0 without a head."""
     from mrp_dlm.model.release import head_layer_count
     from mrp_dlm.serving.config import load_serving_config
     from mrp_dlm.serving.head_pool import head_bytes_per_token

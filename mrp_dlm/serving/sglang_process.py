@@ -190,12 +190,13 @@ def after_dllm_config(result, server_args, *args, **kwargs):
 
 def after_cell_size(result, configurator, kvc, *args, **kwargs):
     """After SGLang's KV bytes per token: plus the MRP head's (its pool has a row per slot)."""
-    if result is None or kvc.is_draft_worker:
-        return result
-    from mrp_dlm.serving.plugin import head_bytes
+    from mrp_dlm.serving.plugin import HEAD_KEY_ALGORITHMS, head_bytes
 
+    algorithm, config_path = served_algorithm()
+    if result is None or kvc.is_draft_worker or algorithm not in HEAD_KEY_ALGORITHMS:
+        return result
     model = kvc.model_config
-    return result + head_bytes(*served_algorithm(), model.get_num_kv_heads(1), model.head_dim,
+    return result + head_bytes(config_path, model.get_num_kv_heads(1), model.head_dim,
                                model.dtype, result)
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import logging
+import os
 import pkgutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,7 +71,7 @@ def test_load_on_another_sglang_registers_nothing(monkeypatch, caplog):
     monkeypatch.setattr(plugin, "register_sdar_config", lambda: calls.append("sdar config"))
     with caplog.at_level(logging.WARNING, logger=plugin.__name__):
         assert plugin.load() is False
-    assert calls == [] and door.MODEL_PACKAGE_VARIABLE not in __import__("os").environ
+    assert calls == [] and door.MODEL_PACKAGE_VARIABLE not in os.environ
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "found SGLang 0.6.0" in lines[0] and "registers nothing" \
         in lines[0], lines
@@ -84,6 +86,24 @@ def test_load_on_the_pinned_sglang_registers_everything(monkeypatch):
     monkeypatch.setattr(plugin, "register_algorithms", lambda: calls.append("algorithms"))
     assert plugin.load() is True
     assert sorted(calls) == ["algorithms", "register_hooks", "sdar config", "use_model_package"]
+
+
+def test_the_hooks_leave_other_models_and_algorithms_alone(monkeypatch):
+    from mrp_dlm.serving.sampling import BATCH_ATTRIBUTE
+
+    monkeypatch.setattr(door, "served_algorithm", lambda: ("LowConfidence", None))
+    kvc = SimpleNamespace(is_draft_worker=False)  # no model_config: it must not be read
+    assert door.after_cell_size(1000, None, kvc) == 1000
+    greedy = SimpleNamespace(sampling_params=SimpleNamespace(top_k=1, sampling_seed=3))
+    for config, attached in ((None, False), (SimpleNamespace(algorithm="LowConfidence"), False),
+                             (SimpleNamespace(algorithm="MrpSpeculative"), True)):
+        out = door.after_forward_batch_init(SimpleNamespace(), None,
+                                            SimpleNamespace(dllm_config=config, reqs=[greedy]))
+        assert hasattr(out, BATCH_ATTRIBUTE) == attached, config
+    assert plugin.block_facts(SimpleNamespace(architectures=["Qwen3ForCausalLM"]), None) is None
+    facts = plugin.block_facts(SimpleNamespace(architectures=["SDARForCausalLM"],
+                                               block_size=16, mask_token_id=5), None)
+    assert (facts.block_size, facts.mask_token_id) == (16, 5)
 
 
 @pytest.fixture
