@@ -25,8 +25,10 @@ class ServeError(ValueError):
 class ServeConfig:
     """What `mrp serve` takes; everything else it chooses."""
 
-    model: str | None = None  # checkpoint directory (HF format); unset: the embedded model
-    head: str | None = None  # MRP head directory; unset: the embedded head with the embedded model
+    model: str | None = None  # checkpoint directory or hub id (org/name); unset: the embedded model
+    head: str | None = None  # MRP head directory or hub id; unset: the embedded model's own head
+    revision: str | None = None  # branch, tag or commit of a hub id model (default: main)
+    head_revision: str | None = None  # branch, tag or commit of a hub id head (default: main)
     algorithm: str = "MrpSpeculative"  # MrpSpeculative (lossless), MrpDirect, MrpRemask (the paper's residual veto) or LowConfidence
     threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
     lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
