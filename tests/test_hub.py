@@ -184,3 +184,34 @@ def test_the_lm_eval_model_takes_a_hub_id_and_revision(cached):
     assert lm.pipe.directory == cached["v2"] and lm.pipe.head_dir == cached["head_snap"]
     with pytest.raises(HubError, match="at revision v3"):
         MrpLM(pretrained=REPO, revision="v3")
+
+
+def hub_error(kind: type, message: str) -> Exception:
+    """An instance of one of huggingface_hub's errors (their constructors differ by version)."""
+    error = kind.__new__(kind)
+    Exception.__init__(error, message)
+    return error
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("RevisionNotFoundError", r"the hub repo org/name has no revision 'v9' \(a branch, tag"),
+    ("RepositoryNotFoundError", r"model directory not found: org/name, and the hub has no repo "
+                                r"org/name \(a private or gated one needs `hf auth login`\)"),
+    ("LocalEntryNotFoundError", r"the model org/name at revision v9 is not a local directory "
+                                r"nor in the hub cache .*, and the hub could not be reached"),
+    ("HfHubHTTPError", r"the hub refused org/name at revision v9: 500 Server Error$"),
+])
+def test_online_hub_errors_become_one_line(hub_home, monkeypatch, kind, message):
+    """What snapshot_download raises online (here raised by a stand-in: no network) is
+    reported as one line that says what to fix."""
+    import huggingface_hub
+    from huggingface_hub import utils
+
+    def refuse(repo_id, **kwargs):
+        raise hub_error(getattr(utils, kind), "500 Server Error\nmore detail")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    with pytest.raises(HubError, match=message) as caught:
+        resolve_checkpoint("org/name", "v9")
+    assert "\n" not in str(caught.value)
