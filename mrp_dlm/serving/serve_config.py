@@ -27,8 +27,8 @@ class ServeConfig:
 
     model: str | None = None  # checkpoint directory or hub id (org/name); unset: the embedded model
     head: str | None = None  # MRP head directory or hub id; unset: the embedded model's own head
-    revision: str | None = None  # branch, tag or commit of a hub id model (default: main)
-    head_revision: str | None = None  # branch, tag or commit of a hub id head (default: main)
+    revision: str | None = None  # branch, tag or commit of a hub id model; unset: main
+    head_revision: str | None = None  # branch, tag or commit of a hub id head; unset: main
     algorithm: str = "MrpSpeculative"  # MrpSpeculative (lossless), MrpDirect, MrpRemask (the paper's residual veto) or LowConfidence
     threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
     lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
