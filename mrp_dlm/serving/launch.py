@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from mrp_dlm.hub import HubError, resolve_checkpoint
 from mrp_dlm.model.loading import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
 from mrp_dlm.model.release import backbone_config, is_release_dir, release_fingerprint
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
@@ -155,6 +154,8 @@ def read_checkpoint(directory: Path) -> Checkpoint:
 
 def local_dir(name: str, revision: str | None, what: str) -> Path:
     """The directory a --model / --head name stands for (`hub.py`), absolute."""
+    from mrp_dlm.hub import HubError, resolve_checkpoint
+
     try:
         return resolve_checkpoint(name, revision, what).resolve()
     except HubError as error:
