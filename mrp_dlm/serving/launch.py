@@ -13,7 +13,6 @@ the SGLang command, its environment and the algorithm's YAML. What it chooses:
   memory (SGLang would size it from the total memory: 14.5 GB here), and the library's
   CPU thread rule (`mrp_dlm/threads.py`) unless OMP_NUM_THREADS or MKL_NUM_THREADS is set;
 - on CUDA: SGLang's own defaults;
-- a hub id as --model or --head (`hub.py`): SGLang gets the local snapshot's path;
 - a checkpoint in the published MRP layout (`model/release.py`): SGLang's model table has
   no `SDARMRPForCausalLM`, so SGLang gets a view of it as `SDARForCausalLM` (config
   rewritten, weights symlinked; our SGLang model skips the head's tensors) and the MRP

@@ -25,10 +25,8 @@ class ServeError(ValueError):
 class ServeConfig:
     """What `mrp serve` takes; everything else it chooses."""
 
-    model: str | None = None  # checkpoint directory or hub id (org/name); unset: the embedded model
-    head: str | None = None  # MRP head directory or hub id; unset: the embedded model's own head
-    revision: str | None = None  # branch, tag or commit of a hub id model; unset: main
-    head_revision: str | None = None  # branch, tag or commit of a hub id head; unset: main
+    model: str | None = None  # checkpoint directory (HF format); unset: the embedded model
+    head: str | None = None  # MRP head directory; unset: the embedded head with the embedded model
     algorithm: str = "MrpSpeculative"  # MrpSpeculative (lossless), MrpDirect, MrpRemask (the paper's residual veto) or LowConfidence
     threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
     lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
@@ -36,6 +34,8 @@ class ServeConfig:
     remask_delta: float = DecodeConfig.remask_delta  # MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask
     port: int = 30000  # HTTP port on 127.0.0.1
     device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
+    revision: str | None = None  # branch, tag or commit of a hub id (org/name) --model; unset: main
+    head_revision: str | None = None  # branch, tag or commit of a hub id --head; unset: main
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
