@@ -20,12 +20,12 @@ embedding and lm_head under `mrp_modules.0`; when a file holds them they are not
 head uses its backbone's). A release carries no fingerprint file: the head's fingerprint is
 built from config.json and the file's own lm_head, then checked as ours is.
 
-The loaders of our layouts dispatch here (`loading.read_config`, `load_backbone`,
-`head_loading.load_head`); `Pipeline.load` takes a release's head from its own directory.
+The facade above both layouts dispatches here (`loading.read_config`, `load_backbone`,
+`load_head`); `Pipeline.load` takes a release's head from its own directory.
 SGLang knows only `SDARForCausalLM`, so `mrp serve` serves a release through a view of it
 (`write_sdar_view`).
 
-Deliberately not here: our own layouts (see `loading.py`, `head_loading.py`), the head
+Deliberately not here: our own layouts (see `hf_config.py`, `head_loading.py`), the head
 module (see `head.py`), and the serving launch (see `serving/launch.py`).
 
 Shapes: H hidden, V vocab.
@@ -44,11 +44,11 @@ from safetensors import safe_open
 from mrp_dlm.config import HeadConfig
 from mrp_dlm.files import write_atomic
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.files import CheckpointError, copy_tensors, read_json, save_tensors, weight_files
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 from mrp_dlm.model.head_loading import (Fingerprint, fingerprint_of, lm_head_hash,
                                         mismatch_message, read_head_meta)
-from mrp_dlm.model.loading import (CheckpointError, config_to_hf, copy_tensors, read_config,
-                                   read_json, save_tensors, weight_files)
+from mrp_dlm.model.hf_config import config_from_dir, config_to_hf
 from mrp_dlm.model.tokenizer import TOKENIZER_FILES
 
 RELEASE_ARCHITECTURE = "SDARMRPForCausalLM"  # config.json `architectures` of a release
@@ -137,7 +137,8 @@ def read_lm_head(directory: Path, tied: bool) -> torch.Tensor:
 
 def release_fingerprint(directory: Path) -> Fingerprint:
     """What the release's head depends on, from its config and its own lm_head."""
-    config = read_config(directory)
+    config = config_from_dir(directory, backbone_config(read_json(directory / "config.json"),
+                                                        directory))
     lm_head = read_lm_head(directory, config.tie_word_embeddings)  # (V, H)
     return Fingerprint(hidden_size=config.hidden_size, vocab_size=config.vocab_size,
                        num_layers=config.num_layers, block_size=config.block_size,
@@ -149,7 +150,7 @@ def release_fingerprint(directory: Path) -> Fingerprint:
 def load_release_head(directory: Path, backbone: HeadBackbone,
                       block_size: int | None = None) -> MRPHead:
     """The head of a release directory for `backbone` (same dtype and device), checked as
-    `head_loading.load_head` checks ours: shape, block size, mask id and lm_head."""
+    `head_loading.load_saved_head` checks ours: shape, block size, mask id and lm_head."""
     depth = head_depth(read_json(directory / "config.json"), directory / "config.json")
     differences = release_fingerprint(directory).differences(fingerprint_of(backbone, block_size))
     param = backbone.lm_head.weight
