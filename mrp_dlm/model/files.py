@@ -88,13 +88,24 @@ def read_header(handle, path: Path) -> tuple[dict, int]:
     return header, 8 + length
 
 
+def tensor_names(files: list[Path]) -> set[str]:
+    """Every tensor name the safetensors `files` hold (their headers only are read)."""
+    names: set[str] = set()
+    for path in files:
+        with path.open("rb") as handle:
+            names.update(read_header(handle, path)[0])
+    return names
+
+
 def read_tensor_into(handle, target: torch.Tensor, info: dict, base: int, path: Path,
                      name: str) -> None:
     """Read one tensor's bytes from the file straight into target (converting dtype)."""
     try:
-        dtype, shape, (begin, end) = SAFETENSORS_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+        dtype, shape = SAFETENSORS_DTYPES[info["dtype"]], info["shape"]
+        begin, end = info["data_offsets"]
     except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{path} is not a readable safetensors file: bad entry {name}") from error
+        raise CheckpointError(f"{path} is not a readable safetensors file: "
+                              f"bad entry {name}") from error
     if tuple(shape) != tuple(target.shape):
         raise CheckpointError(f"{path.name}: {name} has shape {tuple(shape)}, "
                               f"the config implies {tuple(target.shape)}")
@@ -174,6 +185,8 @@ def save_tensors(tensors: dict[str, torch.Tensor], directory: Path,
         write_atomic(directory / file_name,
                      lambda tmp, part=part: save_file(part, str(tmp), metadata={"format": "pt"}))
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total},
                  "weight_map": {name: file for file, shard in zip(names, shards) for name in shard}}
-        write_atomic(directory / INDEX_FILE, lambda tmp: tmp.write_text(json.dumps(index, indent=2)))
+        write_atomic(directory / INDEX_FILE,
+                     lambda tmp: tmp.write_text(json.dumps(index, indent=2)))

@@ -28,10 +28,12 @@ from mrp_dlm.files import write_atomic
 from mrp_dlm.model import release
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
-from mrp_dlm.model.files import CheckpointError, copy_tensors, read_json, save_tensors, weight_files
+from mrp_dlm.model.files import (CheckpointError, copy_tensors, read_json, save_tensors,
+                                 tensor_names, weight_files)
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 from mrp_dlm.model.head_loading import load_saved_head
 from mrp_dlm.model.hf_config import config_from_dir, config_to_hf
+from mrp_dlm.model.moe import expert_views, published_tensors
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # name -> torch dtype
 
@@ -70,6 +72,8 @@ def load_backbone(directory: str | Path, dtype: torch.dtype = DTYPES[DEFAULT_DTY
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     params = {name: p.data for name, p in model.named_parameters()}  # tied weights appear once
+    if config.num_experts:  # experts stored one by one (as published) or fused
+        params = expert_views(params, tensor_names(files))
     copy_tensors(files, params, directory, skip=release.head_prefixes(directory))
     return model.eval()
 
@@ -85,11 +89,14 @@ def load_head(directory: str | Path, backbone: HeadBackbone, block_size: int | N
     return load_saved_head(directory, backbone, block_size, block_only)
 
 
-def save_backbone(model: Backbone, directory: str | Path, max_shard_bytes: int | None = None) -> None:
-    """Write config.json and safetensors (sharded with an index when max_shard_bytes is set)."""
+def save_backbone(model: Backbone, directory: str | Path,
+                  max_shard_bytes: int | None = None) -> None:
+    """Write config.json and safetensors (sharded with an index when max_shard_bytes is set);
+    an MoE model's experts one by one, as SDAR-30B-A3B is published."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()}
-    save_tensors(tensors, directory, max_shard_bytes)
+    save_tensors(published_tensors(tensors), directory, max_shard_bytes)
     hf_config = config_to_hf(model.config, next(iter(tensors.values())).dtype)
-    write_atomic(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(hf_config, indent=2)))
+    write_atomic(directory / "config.json",
+                 lambda tmp: tmp.write_text(json.dumps(hf_config, indent=2)))

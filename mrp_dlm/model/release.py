@@ -48,11 +48,13 @@ from mrp_dlm.model.files import CheckpointError, copy_tensors, read_json, save_t
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 from mrp_dlm.model.head_loading import (Fingerprint, fingerprint_of, lm_head_hash,
                                         mismatch_message, read_head_meta)
-from mrp_dlm.model.hf_config import config_from_dir, config_to_hf
+from mrp_dlm.model.hf_config import MOE_MODEL_TYPES, config_from_dir, config_to_hf
+from mrp_dlm.model.moe import published_tensors
 from mrp_dlm.model.tokenizer import TOKENIZER_FILES
 
 RELEASE_ARCHITECTURE = "SDARMRPForCausalLM"  # config.json `architectures` of a release
 SDAR_ARCHITECTURE = "SDARForCausalLM"  # what an engine that knows SDAR only is shown
+SDAR_MOE_ARCHITECTURE = "SDARMoeForCausalLM"  # the same for an MoE backbone
 # The official configs carry block_size (16: every published head is trained at block 16);
 # a release config without it is taken to be one of those, not SDAR's default 4.
 RELEASE_BLOCK_SIZE = 16
@@ -189,7 +191,7 @@ def export_release(backbone: Backbone, head: MRPHead, directory: Path,
     names = release_names(head)
     tensors.update({names[name]: p.detach().to("cpu").contiguous()
                     for name, p in head.named_parameters()})
-    save_tensors(tensors, directory)
+    save_tensors(published_tensors(tensors), directory)
     config = release_config(backbone, head)
     write_atomic(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     for name in (*TOKENIZER_FILES, *EXTRA_FILES) if source is not None else ():
@@ -198,9 +200,11 @@ def export_release(backbone: Backbone, head: MRPHead, directory: Path,
 
 
 def sdar_view_config(raw: dict, directory: Path) -> dict:
-    """A release's config.json as a plain SDAR checkpoint's: architecture renamed, block
-    size filled in, and no auto_map (the view ships no custom code)."""
-    view = {**backbone_config(raw, directory), "architectures": [SDAR_ARCHITECTURE]}
+    """A release's config.json as a plain SDAR (or SDAR-MoE) checkpoint's: architecture
+    renamed, block size filled in, and no auto_map (the view ships no custom code)."""
+    moe = raw.get("model_type") in MOE_MODEL_TYPES
+    view = {**backbone_config(raw, directory),
+            "architectures": [SDAR_MOE_ARCHITECTURE if moe else SDAR_ARCHITECTURE]}
     view.pop("auto_map", None)
     return view
 
