@@ -22,9 +22,19 @@ from mrp_dlm.serving.serve_config import ServeConfig
 from mrp_dlm.tasks.registry import TASK_NAMES
 
 
+def add_revision_flags(parser: argparse.ArgumentParser) -> None:
+    """--revision and --head-revision: a hub id's branch, tag or commit (hub.py)."""
+    parser.add_argument("--revision", default=None,
+                        help="branch, tag or commit of a hub id --model (default: main)")
+    parser.add_argument("--head-revision", default=None,
+                        help="branch, tag or commit of a hub id --head (default: main)")
+
+
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="checkpoint directory (HF format); default: the embedded model")
+                        help="checkpoint directory (HF format) or hub id (org/name, fetched "
+                             "into the HF_HOME cache); default: the embedded model")
+    add_revision_flags(parser)
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPE_NAMES),
                         help=f"weights and activations dtype (default: {DEFAULT_DTYPE})")
     parser.add_argument("--device", default=DEFAULT_DEVICE,
@@ -32,8 +42,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mask-token-id", type=int, default=None,
                         help="override the mask token id of the checkpoint")
     parser.add_argument("--head", default=None,
-                        help="MRP head directory for the direct, speculative and remask modes "
-                             "(default: the embedded head with the embedded model)")
+                        help="MRP head directory or hub id for the direct, speculative and "
+                             "remask modes (default: the embedded head with the embedded model)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default or 0: chosen by model size, unless "
                              "OMP_NUM_THREADS or MKL_NUM_THREADS is set)")
@@ -43,7 +53,7 @@ def load_pipeline(args: argparse.Namespace, block_size: int | None):
     from mrp_dlm.pipeline import Pipeline
 
     return Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id, block_size,
-                         args.head, args.threads)
+                         args.head, args.threads, args.revision, args.head_revision)
 
 
 def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
@@ -68,7 +78,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     check_export_dir(out, args.force)
-    pipe = Pipeline.load(args.model, args.dtype, head=args.head)
+    pipe = Pipeline.load(args.model, args.dtype, head=args.head, revision=args.revision,
+                         head_revision=args.head_revision)
     if pipe.head is None:
         raise ValueError(f"{pipe.directory} has no MRP head to export with it: give --head DIR")
     export_release(pipe.model, pipe.head, out, pipe.directory)
@@ -84,11 +95,12 @@ def add_export_parser(commands) -> None:
                     "official MRP releases (SDARMRPForCausalLM): config.json, model.safetensors "
                     "and the tokenizer files. Default: the embedded model and its head.")
     export.add_argument("--model", default=None,
-                        help="checkpoint directory (HF format or a release); default: the "
-                             "embedded model")
+                        help="checkpoint directory (HF format or a release) or hub id; default: "
+                             "the embedded model")
     export.add_argument("--head", default=None,
-                        help="MRP head directory (default: the embedded head with the embedded "
-                             "model, a release's own head with a release)")
+                        help="MRP head directory or hub id (default: the embedded head with the "
+                             "embedded model, a release's own head with a release)")
+    add_revision_flags(export)
     export.add_argument("--out", required=True, help="output directory (empty or new)")
     export.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPE_NAMES),
                         help=f"dtype of the written weights (default: {DEFAULT_DTYPE})")
@@ -139,7 +151,8 @@ def cmd_distill(args: argparse.Namespace, distill_fields: list[str],
 
     def load(device: str) -> Pipeline:
         return Pipeline.load(args.model, args.dtype, device, args.mask_token_id,
-                             decode.block_size, args.head, args.threads)
+                             decode.block_size, args.head, args.threads, args.revision,
+                             args.head_revision)
 
     report = distill_in_world(config, decode, load, args.device)
     rate = report.tokens / report.seconds if report.seconds else 0.0

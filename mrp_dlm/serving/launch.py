@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mrp_dlm.model.loading import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
+from mrp_dlm.model.files import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
 from mrp_dlm.model.release import backbone_config, is_release_dir, release_fingerprint
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
 from mrp_dlm.serving import sglang_process as door
@@ -147,6 +147,16 @@ def read_checkpoint(directory: Path) -> Checkpoint:
                       context_len=int(raw.get("max_position_embeddings", 32768)))
 
 
+def local_dir(name: str, revision: str | None, what: str) -> Path:
+    """The directory a --model / --head name stands for (`hub.py`), absolute."""
+    from mrp_dlm.hub import HubError, resolve_checkpoint
+
+    try:
+        return resolve_checkpoint(name, revision, what).resolve()
+    except HubError as error:
+        raise ServeError(str(error)) from None
+
+
 def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
     """The MRP head directory of the MRP algorithms: --head, else the embedded head when the
     embedded model is served, else a release's own directory (it holds its head), else
@@ -154,7 +164,7 @@ def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
     if config.algorithm not in MRP_ALGORITHMS:
         return None
     if config.head is not None:
-        head = Path(config.head).expanduser().resolve()
+        head = local_dir(config.head, config.head_revision, "MRP head")
     elif model_dir == embedded_model_dir().resolve():
         head = embedded_head_dir().resolve()
     elif is_release_dir(model_dir):
@@ -172,7 +182,7 @@ def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
 def check_head_fits(head: Path, model_dir: Path, dtype: str) -> None:
     """Refuse a head trained on another backbone now, in one line, instead of in SGLang's
     traceback after it has started (half a minute on a CPU). The same fingerprint check as
-    `head_loading.load_head`, on the checkpoint's files: its config and its lm_head tensor
+    `loading.load_head`, on the checkpoint's files: its config and its lm_head tensor
     (the one tensor read; no model is built)."""
     import torch
 
@@ -244,11 +254,19 @@ def block_size_of(directory: Path) -> int:
     return int(raw.get("block_size") or SDAR_BLOCK_SIZE)
 
 
+def served_name(config: ServeConfig, model_dir: Path) -> str:
+    """The name clients send: a hub id as given, else the directory's name."""
+    local = config.model is None or Path(config.model).expanduser().is_dir()
+    return model_dir.name if local else config.model
+
+
 def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
                 environ: dict[str, str]) -> LaunchPlan:
     """The SGLang server command for `config`; the YAML is to be written at yaml_path, and
     a release's SDAR view (SGLang has no `SDARMRPForCausalLM`) beside it, at VIEW_NAME."""
-    model_dir = Path(config.model).expanduser().resolve() if config.model \
+    if config.model is None and config.revision is not None:
+        raise ServeError(f"a revision ({config.revision}) needs a hub id as the model")
+    model_dir = local_dir(config.model, config.revision, "model") if config.model \
         else embedded_model_dir().resolve()
     checkpoint = read_checkpoint(model_dir)
     head = head_for(config, model_dir)
@@ -258,7 +276,7 @@ def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
     view_of = model_dir if is_release_dir(model_dir) else None
     served = yaml_path.with_name(VIEW_NAME) if view_of else model_dir
     argv = [sys.executable, "-m", "mrp_dlm.serving.server",
-            "--model-path", str(served), "--served-model-name", model_dir.name,
+            "--model-path", str(served), "--served-model-name", served_name(config, model_dir),
             "--host", HOST, "--port", str(config.port), "--dtype", checkpoint.dtype,
             "--dllm-algorithm", config.algorithm, "--dllm-algorithm-config", str(yaml_path),
             "--preferred-sampling-params", json.dumps(GREEDY_DEFAULTS)]

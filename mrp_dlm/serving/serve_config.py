@@ -40,6 +40,8 @@ class ServeConfig:
         "MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask")})
     port: int = 30000  # HTTP port on 127.0.0.1
     device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
+    revision: str | None = None  # branch, tag or commit of a hub id (org/name) --model; unset: main
+    head_revision: str | None = None  # branch, tag or commit of a hub id --head; unset: main
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
