@@ -112,10 +112,12 @@ def add_export_parser(commands) -> None:
 
 
 def training_log():
-    """Training logs where it resumed from and each save at INFO: show them, above the bar."""
+    """Training logs its threads, where it resumed from and each save at INFO: show them,
+    above the bar."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    logging.getLogger("mrp_dlm.training").setLevel(logging.INFO)
+    for name in ("mrp_dlm.training", "mrp_dlm.threads"):
+        logging.getLogger(name).setLevel(logging.INFO)
     return logging_redirect_tqdm()
 
 
