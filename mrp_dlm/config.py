@@ -158,8 +158,8 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.top_k < 0 or self.seed < 0:
+            raise ValueError(f"top_k and seed must be >= 0, got {self.top_k} and {self.seed}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
@@ -301,6 +301,7 @@ class RunConfig:
     save_every: int = 250  # steps between checkpoints (the last step always saves)
     resume: bool = False  # continue from the checkpoint in `out`
     device: str = "cpu"  # torch device: cpu, cuda or cuda:N (each process's own under torchrun)
+    threads: int | None = None  # torch CPU threads per process (None or 0: chosen by model size as for inference, unless OMP_NUM_THREADS or MKL_NUM_THREADS is set)
 
     def __post_init__(self) -> None:
         if not self.out:
@@ -315,8 +316,8 @@ class RunConfig:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        for name in ("weight_decay", "grad_clip", "seed"):
-            if getattr(self, name) < 0:
+        for name in ("weight_decay", "grad_clip", "seed", "threads"):
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")

@@ -23,7 +23,7 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.loading import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, embedded_head_dir,
                                    embedded_model_dir, load_backbone, load_head)
-from mrp_dlm.model.release import is_release_dir
+from mrp_dlm.model.release import check_head_tensors, is_release_dir
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 from mrp_dlm.threads import set_inference_threads
 
@@ -105,6 +105,7 @@ class Pipeline:
         if head is None and directory is None and (embedded_head_dir() / "config.json").is_file():
             head = embedded_head_dir()
         if head is None and is_release_dir(path):  # a release holds its head beside the backbone
+            check_head_tensors(path, model)  # whole, though only the MRP modes read it
             head = path
         return cls(model=model, tokenizer=load_tokenizer(path), directory=path,
                    head_dir=Path(head) if head is not None else None)

@@ -43,6 +43,7 @@ from mrp_dlm.model.files import SINGLE_FILE
 from mrp_dlm.model.head_loading import save_head
 from mrp_dlm.model.loading import embedded_model_dir, load_backbone, load_head
 from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
+from mrp_dlm.threads import set_training_threads
 from mrp_dlm.training.conversations import ChatEncoder
 from mrp_dlm.training.data import (BatchSchedule, PackedBatch, Sample, SpecialIds, derive_seed,
                                    find_special_ids)
@@ -56,9 +57,9 @@ from mrp_dlm.training.head_loss import (RevealPlan, advance_blocks, chain_loss, 
 from mrp_dlm.training.noise import NoisyBatch, add_noise
 from mrp_dlm.training.run import (CURVE_FILE, LOG_FILE, RUN_FREE_FIELDS, Progress, RunHooks,
                                   RunLog, StepResult, apply_gradients, autocast, autocast_dtype,
-                                  build_optimizer, is_due, is_resuming, read_train_state,
-                                  run_steps, save_train_state, set_learning_rate,
-                                  write_loss_curve)
+                                  build_optimizer, check_run_dir, is_due, is_resuming,
+                                  read_train_state, run_steps, save_train_state,
+                                  set_learning_rate, write_loss_curve)
 from mrp_dlm.training.sources import DataOptions, load_eval_sources, load_sources, task_spec
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,6 @@ def save_head_checkpoint(run: HeadRun, progress: Progress, history: list[dict],
                       if "acceptance" in r]
         write_loss_curve(run.out / CURVE_FILE, history, "loss (KL / p per response token)",
                          "MRP head training", acceptance)
-    log.info("saved step %d to %s", progress.step, run.out)
 
 
 def run_evaluation(run: HeadRun, data: RunData, step: int, metrics: RunLog) -> dict:
@@ -287,6 +287,7 @@ def train_head(config: HeadTrainConfig) -> Path:
     """Train (or resume) an MRP head as configured (no model: on the embedded one); returns
     the output directory."""
     resolve_device(config.device)  # fail before anything is written
+    check_run_dir(Path(config.out), config.resume)  # and before anything loads
     if config.model is None:
         config = dataclasses.replace(config, model=str(embedded_model_dir()))
     world = join_world(config.device)
@@ -305,6 +306,7 @@ def run_training(config: HeadTrainConfig, world: World) -> Path:
     precision = autocast_dtype(config)
     log.info("loading the backbone %s", config.model)
     backbone = load_frozen_backbone(config, precision or torch.float32, world.device)
+    set_training_threads([backbone], world.device, config.threads, world.size)
     tokenizer, special = model_tokenizer(config, backbone)
     L = backbone.config.block_size
     data = load_data(config, tokenizer, special, L, world)
