@@ -30,6 +30,7 @@ GATE_UP, DOWN = "experts.gate_up_proj", "experts.down_proj"  # fused names under
 PER_EXPERT = "experts.{e}.{part}_proj.weight"  # the published names under `mlp.`
 GROUPED_MM = getattr(F, "grouped_mm", None)  # torch >= 2.9 (CPU float32 too)
 ALIGN_BYTES = 16  # grouped_mm needs every stride a multiple of this
+GROUPED_DTYPES = (torch.float32, torch.bfloat16)  # checked equal to F.linear on CPU
 
 
 def can_group(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -38,7 +39,7 @@ def can_group(x: torch.Tensor, weight: torch.Tensor) -> bool:
     aligned. CUDA's kernels (bfloat16, SM >= 80) are not yet checked here: per expert."""
     if GROUPED_MM is None or x.dtype != weight.dtype or torch.is_grad_enabled():
         return False
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or x.dtype not in GROUPED_DTYPES:
         return False
     size = x.element_size()
     return all(n * size % ALIGN_BYTES == 0 for n in (x.shape[-1], weight.shape[1]))
