@@ -425,12 +425,14 @@ def test_two_process_ddp_matches_one_process(model_dir, tmp_path):
         one["random_reveal"]["kl_residual"], rel=1e-4)  # reveal keys are per row, not per rank
 
 
-def one_and_two_processes(config: HeadTrainConfig) -> tuple[dict, dict]:
-    """Train `config` in 1 process and in 2 gloo processes; check that the losses and the
-    weights agree and return the last metrics of each."""
+def one_and_two_processes(config: HeadTrainConfig, worker=ddp_worker,
+                          **two_changes) -> tuple[dict, dict]:
+    """Train `config` in 1 process and in 2 gloo processes (run by `worker`, with
+    `two_changes`); check that the losses and the weights agree and return the last
+    metrics of each."""
     single = head_loop.train_head(config)
-    double = dataclasses.replace(config, out=str(Path(config.out).parent / "two"))
-    mp.spawn(ddp_worker, args=(2, free_port(), double), nprocs=2, join=True)
+    double = dataclasses.replace(config, out=str(Path(config.out).parent / "two"), **two_changes)
+    mp.spawn(worker, args=(2, free_port(), double), nprocs=2, join=True)
     double_out = Path(double.out)
     logs = [read_jsonl(out / "train_log.jsonl") for out in (single, double_out)]
     for a, b in zip(*logs):
