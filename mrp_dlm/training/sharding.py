@@ -1,11 +1,14 @@
 """The frozen backbone sharded over the processes with FSDP2 (`--shard-backbone`).
 
-Each decoder layer is its own `fully_shard` group and the root holds the final norm: every
-rank keeps 1 / N of each layer's weights (a dim-0 `DTensor` shard) and all-gathers a layer
-just before its forward, freeing it after. The embedding and lm_head stay whole on every
-rank (`ignored_params`): the head reads them directly, outside the backbone's forward (its
-embedding of the revealed tokens, its logits A + C, the gradient through lm_head), and the
-head's fingerprint hashes lm_head. The head itself stays data-parallel (`distributed.py`).
+Each decoder layer is its own `fully_shard` group: every rank keeps 1 / N of each layer's
+weights (a dim-0 `DTensor` shard; N the processes of a node when there are several nodes,
+see `shard_mesh`) and all-gathers a layer just before its forward, freeing it after. The
+root (the backbone) is sharded last and keeps the rest whole on every rank
+(`ignored_params`): the embedding and lm_head, which the head reads outside the backbone's
+forward (its embedding of the revealed tokens, its logits A + C, the gradient through
+lm_head; the head's fingerprint hashes lm_head), and the final norm, which decoding's
+prefill reaches through `forward` without the root's hooks. The head itself stays
+data-parallel (`distributed.py`).
 
 A layer's all-gather is a collective, so every rank must run the same number of backbone
 forwards. Training steps do, bar the burn-in's per-rank step count; evaluation and the
@@ -27,7 +30,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -43,16 +46,36 @@ def shard_backbone(backbone: Backbone, world: World) -> Backbone:
     if world.size == 1:
         log.info("--shard-backbone in a 1-process world: the backbone stays whole")
         return backbone.to(world.device)
-    mesh = init_device_mesh(torch.device(world.device).type, (world.size,))
-    shared = {backbone.model.embed_tokens.weight, backbone.lm_head.weight}  # one when tied
+    mesh = shard_mesh(world)
     for layer in backbone.model.layers:
         fully_shard(layer, mesh=mesh)  # moves the layer to world.device, then shards it
-    fully_shard(backbone, mesh=mesh, ignored_params=shared)
-    for module in (backbone.model.embed_tokens, backbone.lm_head):
+    fully_shard(backbone, mesh=mesh, ignored_params=set(whole_params(backbone)))
+    for module in (backbone.model.embed_tokens, backbone.model.norm, backbone.lm_head):
         module.to(world.device)
-    log.info("backbone sharded over %d processes: %.1f of %.1f MB of weights on rank %d",
-             world.size, resident_bytes(backbone) / 1e6, full_bytes(backbone) / 1e6, world.rank)
+    stand_in_forward(backbone, world.device)  # FSDP's lazy init, from the root, on all ranks
+    log.info("backbone sharded over %s processes: %.1f of %.1f MB of weights on rank %d",
+             " x ".join(map(str, mesh.shape)), resident_bytes(backbone) / 1e6,
+             full_bytes(backbone) / 1e6, world.rank)
     return backbone
+
+
+def whole_params(backbone: Backbone) -> list[torch.nn.Parameter]:
+    """The parameters every rank keeps whole: embedding, final norm, lm_head (tied: once)."""
+    modules = (backbone.model.embed_tokens, backbone.model.norm, backbone.lm_head)
+    return list({p: None for module in modules for p in module.parameters()})
+
+
+def shard_mesh(world: World) -> DeviceMesh:
+    """The processes a layer is split over: all of them (1-D), or with several nodes
+    (torchrun's local world smaller than the world) those of this node, the layers
+    replicated across nodes (2-D, HSDP): a frozen backbone then never all-gathers over
+    the network between nodes."""
+    kind = torch.device(world.device).type
+    nodes = world.size // world.local_size
+    if nodes > 1 and world.local_size > 1 and nodes * world.local_size == world.size:
+        return init_device_mesh(kind, (nodes, world.local_size),
+                                mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(kind, (world.size,))
 
 
 def resident_bytes(module: torch.nn.Module) -> int:
@@ -86,7 +109,9 @@ def lockstep(backbone: Backbone, world: World) -> Iterator[None]:
     def announce(module: torch.nn.Module, args: tuple) -> None:
         report_working(1, world)
 
-    handle = backbone.register_forward_pre_hook(announce, prepend=True)  # before FSDP's
+    # On the first layer, before its all-gather: decoding's prefill calls `forward`
+    # directly, which skips the root's hooks, never a layer's.
+    handle = backbone.model.layers[0].register_forward_pre_hook(announce, prepend=True)
     try:
         yield
     finally:

@@ -12,13 +12,21 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
+from torch.distributed.tensor import DTensor
 
 from mrp_dlm.training import head_loop, sharding
+from mrp_dlm.training.distributed import join_world, leave_world
 
+from conftest import random_backbone, tiny_config
 from training.test_head_training import (Killed, ddp_worker, free_port, model_dir,  # noqa: F401
                                          one_and_two_processes, read_jsonl, run_config)
 
-SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # replicated on every rank
+
+
+def replicated_bytes(backbone) -> int:
+    """Bytes of the embedding, final norm and lm_head (once when tied): whole on every rank."""
+    names = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+    return sum(p.numel() * p.element_size() for p in {backbone.get_parameter(n) for n in names})
 
 
 def memory_file(config, rank: int) -> Path:
@@ -32,13 +40,11 @@ def sharded_worker(rank: int, world_size: int, port: int, config) -> None:
     report = {}
 
     def measured(backbone, world):
-        shared = {backbone.get_parameter(name) for name in SHARED}
         report["full"] = sharding.full_bytes(backbone)
-        report["shared"] = sum(p.numel() * p.element_size() for p in shared)
+        report["shared"] = replicated_bytes(backbone)
         backbone = real(backbone, world)
         report["resident"] = sharding.resident_bytes(backbone)
-        report["dtensors"] = sum(isinstance(p, torch.distributed.tensor.DTensor)
-                                 for p in backbone.parameters())
+        report["dtensors"] = sum(isinstance(p, DTensor) for p in backbone.parameters())
         return backbone
 
     head_loop.shard_backbone = measured
@@ -55,7 +61,7 @@ def sharded_config(model_dir: Path, out: Path, **changes):
 
 
 def check_half_per_rank(config) -> None:
-    """Each rank holds the replicated embedding and lm_head and half of the rest (+- 1 row
+    """Each rank holds the replicated embedding, final norm and lm_head and half of the rest (+- 1 row
     of each sharded tensor: dim 0 splits unevenly when odd)."""
     reports = [json.loads(memory_file(config, rank).read_text()) for rank in range(2)]
     sharded = reports[0]["full"] - reports[0]["shared"]
@@ -116,3 +122,46 @@ def test_sharded_resume_gives_identical_weights(model_dir, tmp_path):
         assert torch.equal(expected[name], actual[name]), name
     logs = [read_jsonl(Path(c.out) / "train_log.jsonl") for c in (straight, interrupted)]
     assert [(r["step"], r["loss"]) for r in logs[0]] == [(r["step"], r["loss"]) for r in logs[1]]
+
+
+def mesh_worker(rank: int, world_size: int, port: int, reports: Path) -> None:
+    """A rank of 2 nodes x 2 processes (LOCAL_WORLD_SIZE=2): shards the tiny backbone and
+    runs rank + 1 forwards in lockstep; writes what it holds and whether they matched."""
+    import os
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank % 2), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    world = join_world("cpu")
+    backbone = random_backbone(tiny_config()).requires_grad_(False)
+    ids = torch.randint(0, 99, (2, 8), generator=torch.Generator().manual_seed(0))  # (B, T)
+    args = (ids, torch.arange(8).expand(2, 8), torch.ones(2, 8, 8, dtype=torch.bool))
+    expected, full = backbone(*args), sharding.full_bytes(backbone)
+    layers = full - replicated_bytes(backbone)  # what is sharded
+    backbone = sharding.shard_backbone(backbone, world)
+    with sharding.lockstep(backbone, world):
+        # `forward` skips the root's hooks (as decoding's prefill does), never a layer's
+        outputs = [backbone.forward(*args) if i % 2 else backbone(*args) for i in range(rank + 1)]
+    report = {"equal": all(torch.equal(out, expected) for out in outputs), "full": full,
+              "own": sharding.resident_bytes(backbone) - (full - layers), "layers": layers,
+              "checksum": sum(float(sharding.local(p).double().sum())
+                              for p in backbone.parameters()),
+              "mesh": list(next(p.device_mesh.shape for p in backbone.parameters()
+                                if isinstance(p, DTensor)))}
+    (reports / f"{rank}.json").write_text(json.dumps(report))
+    leave_world(world)
+
+
+def test_several_nodes_shard_within_a_node_and_forwards_pair_up(tmp_path):
+    """4 processes as 2 nodes x 2: each layer split over a node's 2 processes and
+    replicated across nodes (HSDP); ranks running 1..4 forwards in `lockstep` (through
+    `__call__` and `forward`) all finish and every forward equals the unsharded backbone's
+    bit for bit."""
+    mp.spawn(mesh_worker, args=(4, free_port(), tmp_path), nprocs=4, join=True)
+    reports = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(4)]
+    assert all(r["equal"] and r["mesh"] == [2, 2] for r in reports)
+    assert reports[0]["checksum"] == reports[2]["checksum"] != reports[1]["checksum"]
+    assert reports[1]["checksum"] == reports[3]["checksum"]  # replicas across nodes
+    for node in (reports[:2], reports[2:]):  # a node's ranks split the layers
+        assert node[0]["own"] + node[1]["own"] == node[0]["layers"]
+        assert abs(node[0]["own"] - node[1]["own"]) < 0.06 * node[0]["layers"]
