@@ -305,17 +305,21 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
 # ----------------------------------------------------------------------------- the loop
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    """A tiny random backbone (block 4) with a trained tokenizer, as `mrp train head` reads it."""
-    directory = tmp_path_factory.mktemp("backbone")
+def write_model_dir(directory: Path, **overrides) -> Path:
+    """A tiny random backbone (block 4; `overrides` of its config) with a trained tokenizer,
+    as `mrp train head` reads it."""
     problems, targets = task_texts(("arith",), 40)
     tokenizer = train_tokenizer(problems + targets, 300)
     save_tokenizer(tokenizer, directory)
     config = tiny_config(vocab_size=tokenizer.get_vocab_size(), mask_token_id=3,
-                         stop_token_ids=(2, 0))
+                         stop_token_ids=(2, 0), **overrides)
     save_backbone(random_backbone(config), directory)
     return directory
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return write_model_dir(tmp_path_factory.mktemp("backbone"))
 
 
 def run_config(model: Path, out: Path, **changes) -> HeadTrainConfig:

@@ -18,8 +18,10 @@ from mrp_dlm.training import head_loop, sharding
 from mrp_dlm.training.distributed import join_world, leave_world
 
 from conftest import random_backbone, tiny_config
+from reference_moe import TINY_MOE
 from training.test_head_training import (Killed, ddp_worker, free_port, model_dir,  # noqa: F401
-                                         one_and_two_processes, read_jsonl, run_config)
+                                         one_and_two_processes, read_jsonl, run_config,
+                                         write_model_dir)
 
 
 
@@ -44,7 +46,8 @@ def sharded_worker(rank: int, world_size: int, port: int, config) -> None:
         report["shared"] = replicated_bytes(backbone)
         backbone = real(backbone, world)
         report["resident"] = sharding.resident_bytes(backbone)
-        report["dtensors"] = sum(isinstance(p, DTensor) for p in backbone.parameters())
+        report["sharded_names"] = [name for name, p in backbone.named_parameters()
+                                   if isinstance(p, DTensor)]
         return backbone
 
     head_loop.shard_backbone = measured
@@ -60,15 +63,19 @@ def sharded_config(model_dir: Path, out: Path, **changes):
                       burn_in_max=3, reveal_rule="dynamic", eval_examples=7, **changes)
 
 
-def check_half_per_rank(config) -> None:
-    """Each rank holds the replicated embedding, final norm and lm_head and half of the rest (+- 1 row
-    of each sharded tensor: dim 0 splits unevenly when odd)."""
+def check_half_per_rank(config) -> list[str]:
+    """Each rank holds the replicated embedding, final norm and lm_head and half of the
+    rest (+- 1 row of each sharded tensor: dim 0 splits unevenly when odd); returns the
+    names of the sharded parameters (layers only)."""
     reports = [json.loads(memory_file(config, rank).read_text()) for rank in range(2)]
     sharded = reports[0]["full"] - reports[0]["shared"]
     own = [r["resident"] - r["shared"] for r in reports]  # this rank's layer shards
-    assert sum(own) == sharded and reports[0]["dtensors"] > 0
+    assert sum(own) == sharded
     for part in own:
         assert abs(part - sharded / 2) < 0.03 * sharded, (part, sharded)
+    names = reports[0]["sharded_names"]
+    assert names and all(name.startswith("model.layers.") for name in names)
+    return names
 
 
 @pytest.mark.exact_arithmetic
@@ -86,6 +93,30 @@ def test_sharded_backbone_matches_one_process(model_dir, tmp_path):
         assert one["acceptance"][key] == two["acceptance"][key]
     check_half_per_rank(dataclasses.replace(config, out=str(tmp_path / "two"),
                                             shard_backbone=True))
+
+
+@pytest.fixture(scope="module")
+def moe_model_dir(tmp_path_factory) -> Path:
+    """The tiny checkpoint with SDAR-30B-A3B's MoE layers (8 experts, top 2, fused)."""
+    return write_model_dir(tmp_path_factory.mktemp("moe"), **TINY_MOE)
+
+
+@pytest.mark.exact_arithmetic
+def test_sharded_moe_backbone_matches_one_process(moe_model_dir, tmp_path):
+    """As above on an MoE backbone: the experts live in the layers, so each rank holds half
+    of them (the fused expert tensors split on dim 0, the expert axis); the head is dense.
+    Same tolerance, for the same reason (routing is per token; no choice sat within the
+    rows' float differences here)."""
+    config = run_config(moe_model_dir, tmp_path / "one", train_steps=3, log_every=1,
+                        eval_every=3, eval_examples=5)
+    one, two = one_and_two_processes(config, sharded_worker, shard_backbone=True)
+    assert one["positions"] == two["positions"]
+    assert two["kl_residual"] == pytest.approx(one["kl_residual"], rel=1e-4)
+    names = check_half_per_rank(dataclasses.replace(config, out=str(tmp_path / "two"),
+                                                    shard_backbone=True))
+    for layer in range(2):
+        for part in ("gate_up_proj", "down_proj"):
+            assert f"model.layers.{layer}.mlp.experts.{part}" in names
 
 
 def dying_worker(rank: int, world_size: int, port: int, config) -> None:
