@@ -13,7 +13,11 @@ cached: RSS then grows by ~0.6 GB at the first forwards, and `malloc_trim` takes
 Prints a table, then one JSON line.
 
     python benchmarks/shard_memory.py [--hidden 1024] [--layers 16] [--intermediate 3072]
-                                      [--vocab 32000] [--processes 2]
+                                      [--vocab 32000] [--processes 2] [--device cuda]
+
+On CUDA (a GPU per process) it also reports each process's peak GPU memory
+(`torch.cuda.max_memory_allocated`): the shards, the whole embedding and lm_head, and one
+layer in flight, never the whole backbone.
 """
 
 from __future__ import annotations
@@ -48,20 +52,23 @@ def rss() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def worker(rank: int, size: int, port: int, model: str, reports: str) -> None:
+def worker(rank: int, size: int, port: int, model: str, reports: str, device: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    world = join_world("cpu")
+    world = join_world(device)  # cuda: nccl, one GPU per process
     report = {"processes": size, "rank": rank, "start": rss()}
     backbone = load_backbone(model, dtype=torch.float32, device="cpu").requires_grad_(False)
     report.update(loaded=rss(), full_params=sharding.full_bytes(backbone))
     backbone = sharding.shard_backbone(backbone, world)
     report.update(sharded=rss(), params=sharding.resident_bytes(backbone))
-    ids = torch.zeros(1, 256, dtype=torch.int64)  # (B, T)
+    ids = torch.zeros(1, 256, dtype=torch.int64, device=world.device)  # (B, T)
     with torch.no_grad():
-        backbone(ids, torch.arange(256)[None], torch.ones(1, 256, 256, dtype=torch.bool))
+        backbone(ids, torch.arange(256, device=world.device)[None],
+                 torch.ones(1, 256, 256, dtype=torch.bool, device=world.device))
     report.update(forward=rss(), peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    if world.device.startswith("cuda"):
+        report["gpu_peak"] = torch.cuda.max_memory_allocated(world.device)
     Path(reports, f"{size}-{rank}.json").write_text(json.dumps(report))
     leave_world(world)
 
@@ -77,6 +84,7 @@ def main() -> None:
     for name, default in (("hidden", 1024), ("layers", 16), ("intermediate", 3072),
                           ("vocab", 32000), ("processes", 2)):
         parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, a GPU each)")
     args = parser.parse_args()
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # read by the spawned processes' glibc
     config = BackboneConfig(vocab_size=args.vocab, hidden_size=args.hidden,
@@ -86,14 +94,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         save_backbone(Backbone(config), Path(root, "model"))
         for size in (1, args.processes):
-            mp.spawn(worker, args=(size, free_port(), str(Path(root, "model")), root),
-                     nprocs=size, join=True)
+            mp.spawn(worker, args=(size, free_port(), str(Path(root, "model")), root,
+                                   args.device), nprocs=size, join=True)
         reports = [json.loads(p.read_text()) for p in sorted(Path(root).glob("*.json"))]
-    print("procs rank  params MB  RSS loaded  sharded  forward  peak (MB)")
+    print("procs rank  params MB  RSS loaded  sharded  forward  peak  GPU peak (MB)")
     for r in reports:
         print(f"{r['processes']:5d} {r['rank']:4d} {r['params'] / MB:10.1f} "
               f"{r['loaded'] / MB:11.1f} {r['sharded'] / MB:8.1f} {r['forward'] / MB:8.1f} "
-              f"{r['peak'] / MB:6.1f}")
+              f"{r['peak'] / MB:6.1f} {r.get('gpu_peak', 0) / MB:9.1f}")
     print(json.dumps({"config": vars(args), "results": reports}))
 
 
