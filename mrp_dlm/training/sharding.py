@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 def shard_backbone(backbone: Backbone, world: World) -> Backbone:
     """`backbone` (frozen, on any device) sharded over `world` in place, its shards and the
-    replicated embedding and lm_head on world.device; unchanged in a 1-process world."""
+    whole embedding, final norm and lm_head on world.device; whole in a 1-process world."""
     if world.size == 1:
         log.info("--shard-backbone in a 1-process world: the backbone stays whole")
         return backbone.to(world.device)
@@ -106,6 +106,7 @@ def lockstep(backbone: Backbone, world: World) -> Iterator[None]:
     if not is_sharded(backbone):
         yield
         return
+
     def announce(module: torch.nn.Module, args: tuple) -> None:
         report_working(1, world)
 
