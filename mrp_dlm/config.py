@@ -409,6 +409,7 @@ class HeadTrainConfig(RunConfig):
     eval_new_tokens: int = 64  # tokens generated per held-out prompt for the acceptance metric
     eval_every: int = 100  # steps between held-out evaluations (the last step always evaluates)
     grad_checkpointing: bool = False  # recompute the head's layers in the backward pass
+    shard_backbone: bool = False  # under torchrun: shard the frozen backbone's layers over the processes (FSDP2); the head stays data-parallel
     train_steps: int = 2000  # optimizer steps
     lr: float = 1e-3  # peak learning rate
     weight_decay: float = 0.01  # AdamW decay, applied to matrices only

@@ -60,6 +60,7 @@ from mrp_dlm.training.run import (CURVE_FILE, LOG_FILE, RUN_FREE_FIELDS, Progres
                                   build_optimizer, check_run_dir, is_due, is_resuming,
                                   read_train_state, run_steps, save_train_state,
                                   set_learning_rate, write_loss_curve)
+from mrp_dlm.training.sharding import lockstep, shard_backbone
 from mrp_dlm.training.sources import DataOptions, load_eval_sources, load_sources, task_spec
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ METRICS_FILE = "metrics.jsonl"
 # Fields a resumed run may change: they touch neither the weights nor the data. The model
 # directory may move: the head's backbone fingerprint is checked on load instead.
 RESUME_FREE_FIELDS = RUN_FREE_FIELDS + ("model", "eval_every", "eval_examples", "eval_data",
-                                         "eval_prompts", "eval_new_tokens")
+                                         "eval_prompts", "eval_new_tokens", "shard_backbone")
 
 
 @dataclass(frozen=True)
@@ -242,8 +243,9 @@ def train_step(run: HeadRun, inputs: StepInputs, step: int) -> tuple[float, floa
         take = context.layout.take
         threshold = 1.0 if config.reveal_rule == "static" else config.threshold
         if inputs.burn_in is not None:
-            blocks = advance_blocks(backbone, blocks, context, take(inputs.burn_in)[:, 0],
-                                    threshold)
+            with lockstep(backbone, run.world):  # per-rank step counts
+                blocks = advance_blocks(backbone, blocks, context, take(inputs.burn_in)[:, 0],
+                                        threshold)
         plan = RevealPlan(config.reveal_rule, torch.stack([take(k) for k in inputs.keys]),
                           torch.stack([take(c)[:, 0] for c in inputs.counts]), threshold)
         loss = chain_loss(chain_steps(run.model, backbone, blocks, context, plan), blocks.rates,
@@ -305,8 +307,11 @@ def run_training(config: HeadTrainConfig, world: World) -> Path:
                          f"number of processes ({world.size})")
     precision = autocast_dtype(config)
     log.info("loading the backbone %s", config.model)
-    backbone = load_frozen_backbone(config, precision or torch.float32, world.device)
+    device = "cpu" if config.shard_backbone else world.device  # shards move to world.device
+    backbone = load_frozen_backbone(config, precision or torch.float32, device)
     set_training_threads([backbone], world.device, config.threads, world.size)
+    if config.shard_backbone:
+        backbone = shard_backbone(backbone, world)
     tokenizer, special = model_tokenizer(config, backbone)
     L = backbone.config.block_size
     data = load_data(config, tokenizer, special, L, world)
