@@ -31,7 +31,7 @@ from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus  # noqa: E402
 from mrp_dlm.decoding.race import (race_screened, row_maxima, screen_bounds,  # noqa: E402
                                    set_maxima, token_keys)
 from mrp_dlm.decoding.sampling import (GREEDY, SamplingConfig, full_distribution,  # noqa: E402
-                                       truncated_candidates, unsettled_tokens)
+                                       truncated_top_tokens, unsettled_tokens)
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
 
 TOP_P = 0.95
@@ -65,7 +65,7 @@ def stages(B: int, L: int, V: int) -> dict:
             "inside_nucleus": lambda: inside_nucleus(probs, winners, TOP_P),
             f"floor path ({len(outside)} rows)":
                 lambda: unsettled_tokens(probs[outside], keys[outside], sampling, bounds[outside]),
-            "replaced: candidate attempt": lambda: truncated_candidates(probs, 0, TOP_P),
+            "replaced: candidate attempt": lambda: truncated_top_tokens(probs, 0, TOP_P),
             "replaced: nucleus floor": lambda: nucleus(probs, TOP_P)}
 
 

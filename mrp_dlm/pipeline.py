@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig, check_block_divides
-from mrp_dlm.decoding.driver import generate
+from mrp_dlm.decoding.driver import Decoder, generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
-from mrp_dlm.decoding.step import Decoder
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.head_loading import load_head

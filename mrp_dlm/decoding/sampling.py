@@ -1,33 +1,21 @@
 """Logits -> proposed token and confidence at every position, without host syncs.
 
 Confidence is the probability of the chosen token under the full (tempered) distribution,
-computed before top-k/top-p truncation: the SDAR reference computes it after truncation,
-which makes every greedy confidence 1.0. The mask token is never a prediction (its logit
-is set to -inf first, BD3-LM's SUBS parameterisation).
+computed before top-k/top-p truncation (the SDAR reference's after truncation makes every
+greedy confidence 1.0). The mask token is never a prediction (SUBS: its logit is -inf).
 
-Sampling is counter-based: the random number for (seed, draw, position, token) is a hash
-of those integers (`race.uniform_noise`), so a row's draws never depend on which other rows
-share its batch, and a slow reference decoder can reproduce them exactly. The draw key of a
-step is a function of the block state it proposes on (`draw_index`: how many of the row's
-block positions are revealed), not of how many forwards or steps ran: a speculative drafter
-proposing on a state draws exactly the numbers the verifier's step on that state draws,
-which is what makes sampled speculation reproduce the sampled rule token for token
-(`speculative.py`). Every step reveals at least one position, so no two steps of a block
-share a key. Greedy has its own exact path.
+The sampled token is defined as `race.race(truncate(probs))`: an exponential race keyed by
+(seed, draw, position, token), where the draw key is a function of the block state alone
+(`draw_index`: how many of the row's block positions are revealed). A row's draws never
+depend on its batch, a slow reference decoder reproduces them, and a speculative draft on a
+state draws what the verifier's step on that state draws (`speculative.py`).
 
-On a CPU a sampled step costs about what a greedy one does (`sample_tokens`): the race
-screens the vocabulary with a cheap bound (`race.race_screened`); truncation keeps a few
-candidates instead of sorting the vocabulary, except for a top-p nucleus too wide for them
-(its largest probability says so): that row races untruncated and keeps the winner where
-the nucleus surely holds it (one thresholded sum per row, `nucleus.inside_nucleus`), else
-takes the nucleus as a floor (`nucleus.nucleus`). All give the full-vocabulary
-definition's token, and a row they cannot certify takes the next path down, the definition
-last (a host check, free on a CPU). One case only the definition can settle: a top-p
-boundary that splits equal probabilities keeps those the vocabulary sort places first, so a
-row whose winner is one of them takes the definition.
-Elsewhere the definition runs as written, without a host sync.
+On a CPU the same tokens come at about a greedy step's cost (`cpu_tokens`): a few top
+tokens instead of a vocabulary sort, the screened race (`race.race_screened`) and the top-p
+nucleus without a sort (`nucleus.py`); a row they cannot certify takes the next path down,
+the definition last (a host check, free on a CPU). docs/design.md ("Choices") says more.
 
-Shapes: B batch, L block positions, V vocab, R = B*L rows, C candidates per row.
+Shapes: B batch, L block positions, V vocab, R = B*L rows, C top tokens per row.
 """
 
 from __future__ import annotations
@@ -38,12 +26,12 @@ from dataclasses import dataclass, fields
 import torch
 
 from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus, outside_nucleus
-from mrp_dlm.decoding.race import (race, race_candidates, race_screened, row_maxima,
+from mrp_dlm.decoding.race import (race, race_among, race_screened, row_maxima,
                                    screen_bounds, screens, set_maxima, token_keys)
 
-TOP_P_CANDIDATES = 256  # largest top-p nucleus found without a sort of the vocabulary
-GROUP = 64  # tokens per group of `top_candidates` (contiguous ids)
-MAX_TOP_K_CANDIDATES = 1024  # larger top-k truncates the whole vocabulary
+TOP_P_TOKENS = 256  # largest top-p nucleus found without a sort of the vocabulary
+TOP_GROUP = 64  # tokens per group of `top_tokens` (contiguous ids)
+MAX_TOP_K_TOKENS = 1024  # larger top-k truncates the whole vocabulary
 
 
 Value = int | float | torch.Tensor  # one value for every row, or a (B,) tensor of per-row values
@@ -132,30 +120,30 @@ def truncate(probs: torch.Tensor, top_k: Value, top_p: Value) -> torch.Tensor:
     return probs
 
 
-def top_candidates(probs: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_tokens(probs: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `count` largest probabilities of probs (R, V), descending, and their token ids,
     each (R, count): the values `probs.topk(count)` gives (the order of equal values may
     differ), from a topk over group maxima and over the tokens of the top groups only.
     A token of the top `count` lies in a group whose maximum is among the top `count`."""
     R, V = probs.shape
-    groups = V // GROUP  # whole groups; the last V % GROUP tokens are always candidates
+    groups = V // TOP_GROUP  # whole groups; the last V % TOP_GROUP tokens: always taken
     if groups <= count:
         return probs.topk(count, dim=-1)
-    group_max = probs[:, :groups * GROUP].view(R, groups, GROUP).amax(dim=-1)  # (R, groups)
+    group_max = probs[:, :groups * TOP_GROUP].view(R, groups, TOP_GROUP).amax(-1)  # (R, groups)
     top_groups = group_max.topk(count, dim=-1).indices  # (R, count)
-    offsets = torch.arange(GROUP, device=probs.device)  # (GROUP,)
-    ids = top_groups[..., None] * GROUP + offsets  # (R, count, GROUP)
-    tail = torch.arange(groups * GROUP, V, device=probs.device).expand(R, -1)  # (R, V%GROUP)
-    ids = torch.cat((ids.view(R, -1), tail), dim=1)  # (R, count*GROUP + V%GROUP)
+    offsets = torch.arange(TOP_GROUP, device=probs.device)  # (TOP_GROUP,)
+    ids = top_groups[..., None] * TOP_GROUP + offsets  # (R, count, TOP_GROUP)
+    tail = torch.arange(groups * TOP_GROUP, V, device=probs.device).expand(R, -1)  # (R, V%G)
+    ids = torch.cat((ids.view(R, -1), tail), dim=1)  # (R, count*G + V%G), G = TOP_GROUP
     values, order = probs.gather(1, ids).topk(count, dim=-1)  # (R, count) each
     return values, ids.gather(1, order)
 
 
 @dataclass
-class Candidates:
+class TopTokens:
     values: torch.Tensor  # (R, C) float32, kept probability as `truncate` gives it (0: cut)
     ids: torch.Tensor  # (R, C) int64 token ids
-    complete: torch.Tensor  # (R,) bool, False where the kept set may reach past the candidates
+    complete: torch.Tensor  # (R,) bool, False where the kept set may reach past the top tokens
     split: torch.Tensor  # (R,) float32, the value of tokens the top-p boundary splits, else -1
 
 
@@ -169,20 +157,20 @@ def boundary(values: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Te
     return last, torch.where(kept[:, 0] < values.shape[1], cut, -1.0)
 
 
-def truncated_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> Candidates | None:
-    """`truncate(probs, top_k, top_p)` (R, V) on a few candidates per row: the same kept
+def truncated_top_tokens(probs: torch.Tensor, top_k: int, top_p: float) -> TopTokens | None:
+    """`truncate(probs, top_k, top_p)` (R, V) on a few top tokens per row: the same kept
     values, bit for bit, for the tokens that keep any mass, except where the top-p boundary
     splits equal values (`split`): `truncate`'s sort keeps some of them, which ones depends
     on the whole row; here all of them. None when nothing is truncated or top-k is too
-    large to pay off. Top-k takes k + 1 candidates (the last one shows whether a tie with
-    the k-th reaches further); top-p alone takes TOP_P_CANDIDATES + 1 (the last one shows
+    large to pay off. Top-k takes k + 1 top tokens (the last one shows whether a tie with
+    the k-th reaches further); top-p alone takes TOP_P_TOKENS + 1 (the last one shows
     whether the nucleus ends inside). The cumulative sum of a prefix of the sorted
     probabilities is the prefix of theirs (a sequential float64 accumulation)."""
     V = probs.shape[-1]
     by_k, by_p = 0 < top_k < V, top_p < 1.0
-    if not (by_k or by_p) or (by_k and top_k > MAX_TOP_K_CANDIDATES):
+    if not (by_k or by_p) or (by_k and top_k > MAX_TOP_K_TOKENS):
         return None
-    values, ids = top_candidates(probs, min(V, top_k + 1 if by_k else TOP_P_CANDIDATES + 1))
+    values, ids = top_tokens(probs, min(V, top_k + 1 if by_k else TOP_P_TOKENS + 1))
     R = values.shape[0]
     complete = torch.ones(R, dtype=torch.bool, device=probs.device)  # (R,)
     split = torch.full((R,), -1.0, device=probs.device)  # (R,)
@@ -193,51 +181,58 @@ def truncated_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> Candi
         values = torch.where(values >= kth, values, 0.0) / total
     if by_p:
         last, cut = boundary(values, top_p)  # (R,) each
-        if not by_k and values.shape[1] < V:  # beyond the candidates, before only grows
+        if not by_k and values.shape[1] < V:  # beyond the top tokens, before only grows
             complete &= (cut >= 0) & (values[:, -1] < last)  # and no tie reaches past them
         split = torch.where((cut == last) & (last > 0), last, -1.0)
         values = torch.where(values >= last[:, None], values, 0.0)
-    return Candidates(values=values, ids=ids, complete=complete, split=split)
+    return TopTokens(values=values, ids=ids, complete=complete, split=split)
 
 
 def sample_tokens(probs: torch.Tensor, sampling: SamplingConfig, positions: torch.Tensor,
                   draw: torch.Tensor) -> torch.Tensor:
     """The race's winner (B, L) int64 over `truncate(probs)` (B, L, V) float32, keyed by
     (seed, draw (B,), positions (B, L)): `race.race` on every device; on a CPU computed
-    through candidates, the nucleus floor and the screened race (same tokens), with host
+    through top tokens, the nucleus floor and the screened race (same tokens), with host
     checks."""
     B, L, V = probs.shape
     keys = token_keys(sampling.seed, positions, draw).view(-1)  # (R,)
     per_row = isinstance(sampling.top_k, torch.Tensor) or isinstance(sampling.top_p, torch.Tensor)
-    if probs.device.type != "cpu" or per_row:
-        kept = truncate(probs, sampling.top_k, sampling.top_p)  # (B, L, V)
-        return race(kept.view(-1, V), keys).view(B, L)
-    flat = probs.reshape(-1, V)  # (R, V)
-    if 0 < sampling.top_k < V or sampling.top_p >= 1.0:
-        return candidate_tokens(flat, keys, sampling).view(B, L)
-    return top_p_tokens(flat, keys, sampling).view(B, L)
+    if probs.device.type == "cpu" and not per_row:
+        return cpu_tokens(probs.reshape(-1, V), keys, sampling).view(B, L)
+    kept = truncate(probs, sampling.top_k, sampling.top_p)  # (B, L, V)
+    return race(kept.view(-1, V), keys).view(B, L)
 
 
-def candidate_race(probs: torch.Tensor, keys: torch.Tensor,
+def cpu_tokens(probs: torch.Tensor, keys: torch.Tensor, sampling: SamplingConfig
+               ) -> torch.Tensor:
+    """`sample_tokens` (R,) for probs (R, V) on a CPU, one sampling for every row: the
+    definition's tokens (`race(truncate(probs))`, tests/decoding/test_sampling_race.py) at
+    about a greedy step's cost, through the top tokens, the screened race and the nucleus."""
+    if 0 < sampling.top_k < probs.shape[1] or sampling.top_p >= 1.0:
+        return sample_top_tokens(probs, keys, sampling)
+    return top_p_tokens(probs, keys, sampling)
+
+
+def top_token_race(probs: torch.Tensor, keys: torch.Tensor,
                    sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(winner (R,) int64, settled (R,) bool) of the race over `truncate(probs)` (R, V)
-    among a few candidates per row; None where `truncated_candidates` is."""
-    candidates = truncated_candidates(probs, sampling.top_k, sampling.top_p)
-    if candidates is None:
+    among a few top tokens per row; None where `truncated_top_tokens` is."""
+    top = truncated_top_tokens(probs, sampling.top_k, sampling.top_p)
+    if top is None:
         return None
-    tokens, _ = race_candidates(candidates.values, candidates.ids, keys)  # (R,)
-    won = (candidates.ids == tokens[:, None]).int().argmax(-1, keepdim=True)  # (R, 1)
+    tokens, _ = race_among(top.values, top.ids, keys)  # (R,)
+    won = (top.ids == tokens[:, None]).int().argmax(-1, keepdim=True)  # (R, 1)
     # A split tie's winner may be a token the sort cut: only the whole row can tell.
-    settled = candidates.complete & (candidates.values.gather(1, won)[:, 0] != candidates.split)
+    settled = top.complete & (top.values.gather(1, won)[:, 0] != top.split)
     return tokens, settled
 
 
-def candidate_tokens(probs: torch.Tensor, keys: torch.Tensor,
+def sample_top_tokens(probs: torch.Tensor, keys: torch.Tensor,
                      sampling: SamplingConfig) -> torch.Tensor:
-    """`sample_tokens` (R,) for probs (R, V) through a few candidates per row, and for rows
+    """`sample_tokens` (R,) for probs (R, V) through a few top tokens per row, and for rows
     they cannot settle through the nucleus floor or the dense `truncate`."""
-    raced = candidate_race(probs, keys, sampling)
-    if raced is None:  # nothing truncated, or a top-k too large for candidates
+    raced = top_token_race(probs, keys, sampling)
+    if raced is None:  # nothing truncated, or a top-k too large for top tokens
         return race_screened(truncate(probs, sampling.top_k, sampling.top_p), keys)
     tokens, settled = raced
     if not bool(settled.all()):  # a tie at the k-th or the top-p boundary, a wide nucleus
@@ -249,18 +244,18 @@ def candidate_tokens(probs: torch.Tensor, keys: torch.Tensor,
 def top_p_tokens(probs: torch.Tensor, keys: torch.Tensor,
                  sampling: SamplingConfig) -> torch.Tensor:
     """`sample_tokens` (R,) for probs (R, V) truncated by top-p alone. A row whose largest
-    probability may fill top_p with TOP_P_CANDIDATES tokens tries the candidates. The other
-    rows, and those the candidates leave, race over probs: the winner is the nucleus's
+    probability may fill top_p with TOP_P_TOKENS tokens tries the top tokens. The other
+    rows, and those the top tokens leave, race over probs: the winner is the nucleus's
     where the nucleus surely holds it (`nucleus.inside_nucleus`; about top_p of the rows),
     the rest take the floor (`unsettled_tokens`). The screen's set maxima give the largest
     probability, and its bounds serve the floor's race too (one pass over probs each)."""
     maxima = set_maxima(probs) if screens(probs.shape[1]) else None  # (R, SET, G)
     largest = probs.amax(dim=-1) if maxima is None else row_maxima(probs, maxima)  # (R,)
-    left = largest * TOP_P_CANDIDATES < sampling.top_p  # (R,) surely wide
+    left = largest * TOP_P_TOKENS < sampling.top_p  # (R,) surely wide
     tokens = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (R,)
     if not bool(left.all()):
         rows = unsettled_rows(left)  # rows that may be narrow
-        tokens[rows], settled = candidate_race(probs[rows], keys[rows], sampling)
+        tokens[rows], settled = top_token_race(probs[rows], keys[rows], sampling)
         left[rows] = ~settled
     if bool(left.any()):
         rows = unsettled_rows(~left)

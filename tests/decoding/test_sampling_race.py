@@ -7,7 +7,7 @@ pinned (`pinned_uniform_noise`, and a few of its values), so a change to either 
 Cases cover every path of `sample_tokens`: no truncation (screened race), top-k, top-p,
 both, top-k ties (candidates incomplete), wide nuclei (the nucleus floor, and its forced
 fallback), top-p boundaries that split equal probabilities (narrow and wide, and a split
-tie that wins), the screened race's own fallbacks (forced with tiny CANDIDATE_BLOCKS),
+tie that wins), the screened race's own fallbacks (forced with tiny RACED_GROUPS),
 and top-p alone: narrow rows through candidates, wide ones (and every row, forced) through
 the race, its winner kept where the nucleus surely keeps it, the other rows (and every
 raced row, forced) through the floor.
@@ -25,7 +25,7 @@ from mrp_dlm.decoding.race import (MASK32, as_int32, mix32, noise_bits, race, ra
                                    row_maxima, screen_bounds, set_maxima, token_keys,
                                    token_mix_high_, uniform_noise)
 from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
-                                       top_candidates, truncate)
+                                       top_tokens, truncate)
 
 
 def pinned_uniform_noise(seed, positions, draw, vocab):
@@ -97,7 +97,7 @@ def test_screened_race_falls_back_where_it_cannot_certify(monkeypatch):
     kept[:, :64] = 1 / 64  # token g is in block g (4099 // 64 = 64 blocks)
     keys = token_keys(sampling.seed, positions, draw).view(-1)
     tiers, fallbacks = [], []
-    original = race_module.race_blocks
+    original = race_module.race_groups
 
     def counted_blocks(probs, keys, bounds, count, floor):
         tokens, certain = original(probs, keys, bounds, count, floor)
@@ -108,8 +108,8 @@ def test_screened_race_falls_back_where_it_cannot_certify(monkeypatch):
         fallbacks.append(kept.shape[0])
         return race(kept, keys)
 
-    monkeypatch.setattr(race_module, "CANDIDATE_BLOCKS", (1, 3))
-    monkeypatch.setattr(race_module, "race_blocks", counted_blocks)
+    monkeypatch.setattr(race_module, "RACED_GROUPS", (1, 3))
+    monkeypatch.setattr(race_module, "race_groups", counted_blocks)
     monkeypatch.setattr(race_module, "race", counted_race)
     got = race_screened(kept, keys)
     monkeypatch.undo()
@@ -140,9 +140,9 @@ def test_screen_bounds_bound_every_score(scale):
     probs, sampling, positions, draw = case(V, scale, B=2, L=8)
     probs = probs.view(-1, V)  # (R, V)
     keys = token_keys(sampling.seed, positions, draw).view(-1)  # (R,)
-    G = V // race_module.BLOCK
+    G = V // race_module.GROUP
     score = probs.double() / -uniform_noise(sampling.seed, positions, draw, V).view(-1, V).log()
-    by_block = score[:, :G * race_module.BLOCK].view(-1, race_module.BLOCK, G).amax(dim=1)
+    by_block = score[:, :G * race_module.GROUP].view(-1, race_module.GROUP, G).amax(dim=1)
     bounds = screen_bounds(probs, keys).double() * race_module.BOUND_SCALE  # (R, G)
     assert bool((bounds.clamp_min(race_module.SMALLEST_SCORE) >= by_block).all())
     relevant = by_block > race_module.SMALLEST_SCORE  # (R, G)
@@ -158,10 +158,10 @@ def test_row_maxima_from_the_set_maxima(V):
     assert torch.equal(row_maxima(flat, set_maxima(flat)), flat.amax(dim=-1))
 
 
-def test_top_candidates_are_the_top_values():
+def test_top_tokens_are_the_top_values():
     probs, *_ = case(4099, 2.0)
     flat = probs.view(-1, 4099)
-    values, ids = top_candidates(flat, 51)
+    values, ids = top_tokens(flat, 51)
     assert torch.equal(values, flat.topk(51).values)
     assert torch.equal(flat.gather(1, ids), values)
 
@@ -305,7 +305,7 @@ def test_narrow_and_wide_rows_in_one_batch(first, top_p, monkeypatch):
     logits = torch.randn(2, 8, 20_011, generator=torch.Generator().manual_seed(5))
     probs = full_distribution(logits * scales[:, None], 20_010, sampling)  # (B, L, V)
     if first != "as chosen":  # every row surely narrow, or surely wide
-        monkeypatch.setattr(sampling_module, "TOP_P_CANDIDATES",
+        monkeypatch.setattr(sampling_module, "TOP_P_TOKENS",
                             20_011 if first == "candidates" else 0)
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()
