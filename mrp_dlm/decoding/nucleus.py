@@ -1,5 +1,5 @@
 """The top-p nucleus of a wide distribution as a floor, found without sorting the vocabulary
-(part of the CPU sampling path: the tokens are `sampling.truncate`'s).
+(part of the CPU sampling path: the tokens are `race.truncate`'s).
 
 `truncate` keeps a sorted token while the float64 running sum before it stays below top_p:
 every token above a boundary value x, and of those equal to x the ones the sort placed
@@ -11,7 +11,7 @@ where it surely cuts w the race runs again over the tokens above p_w (`outside_n
 docs/design.md ("The top-p nucleus without a sort") has the argument.
 
 Deliberately not here: the race over the nucleus (`race.race_screened` takes the floor),
-top-k (its floor is the k-th value, `sampling.py`), anything but a CPU's float64 cumsum.
+top-k (its floor is the k-th value, `cpu_sampling.py`), anything but a CPU's float64 cumsum.
 
 Shapes: R rows, V vocab, NB buckets per row, N tokens of the widest boundary bucket.
 """

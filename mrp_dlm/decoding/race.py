@@ -1,22 +1,21 @@
-"""The keyed exponential race: which token a sampled position takes.
+"""What token a sampled position takes: the definition, `race(truncate(probs))`, and the
+CPU screen of the race.
 
-A sampled position takes argmax_v kept_v / E_v, E_v = -log u_v, where u_v is the uniform
-number keyed by (seed, draw, position, token v) (`uniform_noise`): a strong hash of (seed,
-draw, position) is the row's key, and a short one of (key, v) the token's. With E ~ Exp(1)
-this draws from kept (normalised) without a host sync. `race` evaluates that expression for
-every token: it is the definition (with `sampling.truncate`), and what an accelerator runs.
+`truncate` zeroes the probabilities outside top-k, then outside the top-p nucleus (by a
+vocabulary sort). `race` takes argmax_v kept_v / E_v, E_v = -log u_v, where u_v is the
+uniform number keyed by (seed, draw, position, token v) (`uniform_noise`): a strong hash of
+(seed, draw, position) is the row's key, a short one of (key, v) the token's. With E ~
+Exp(1) this draws from kept (normalised) without a host sync; an accelerator runs it as
+written.
 
-On a CPU the definition costs many greedy steps at a real vocabulary (docs/experiments.md), so
+On a CPU the race costs many greedy steps at a real vocabulary (docs/experiments.md), so
 `race_screened` returns the same token from a few int32 operations per token: kept_v / c_v,
-c = 1 - u, bounds token v's score from above with no log; a set of SET tokens is bounded by
-its largest probability over its smallest c, whose high 16 bits are known before the hash's
-last xorshift (`token_mix_high_`). The exact score runs only for the screen groups with the
-largest bounds; a row whose winner another group's bound reaches tries more groups, then
-runs `race`. So the winner is the definition's, tie rule included; docs/design.md
-("Choices") has the derivation. It also races probs below a floor (a top-p nucleus) as 0.
+c = 1 - u, bounds token v's score with no log; the exact score runs only for the screen
+groups with the largest bounds, and a row whose winner another group's bound reaches tries
+more groups, then runs `race` (tie rule included). docs/design.md ("Choices") says more.
 
-Deliberately not here: truncation (`sampling.py`), anything that depends on which rows share
-a batch (every operation is per row).
+Deliberately not here: the CPU path's top tokens and nucleus (`cpu_sampling.py`,
+`nucleus.py`), anything that depends on which rows share a batch (all is per row).
 
 Shapes: R rows (batch x block positions, flattened), V vocab, C tokens per row, G = V //
 GROUP screen groups, each of SET sets of SET tokens.
@@ -42,6 +41,43 @@ BOUND_SCALE = 2.0**16 * (1.0 + 2.0**-20)
 # A set bound below 2**-126 may have lost precision (subnormal), so a row is certified only
 # if its winner's score is above this: far above any bound that small.
 SMALLEST_SCORE = 2.0**-90
+
+Value = int | float | torch.Tensor  # one value for every row, or a (B,) tensor of per-row values
+
+
+def rows_of(value: Value, like: torch.Tensor) -> torch.Tensor | float:
+    """A per-row tensor value as (B, 1, 1) to broadcast against like (B, L, V); else as is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(like.device)[:, None, None]
+    return value
+
+
+def kth_largest(probs: torch.Tensor, top_k: Value) -> torch.Tensor | None:
+    """The k-th largest probability (B, L, 1), k per row or for all; None if all are kept."""
+    V = probs.shape[-1]
+    if not isinstance(top_k, torch.Tensor):
+        return probs.topk(top_k, dim=-1).values[..., -1:] if 0 < top_k < V else None
+    k = torch.where(top_k > 0, top_k, V).clamp_max(V).to(probs.device)  # (B,), 0 keeps all
+    index = (k - 1)[:, None, None].expand(*probs.shape[:-1], 1)  # (B, L, 1)
+    return probs.sort(dim=-1, descending=True).values.gather(-1, index)
+
+
+def truncate(probs: torch.Tensor, top_k: Value, top_p: Value) -> torch.Tensor:
+    """Zero the probabilities outside top-k, then outside the top-p nucleus (B, L, V)."""
+    kth = kth_largest(probs, top_k)  # (B, L, 1)
+    if kth is not None:
+        probs = torch.where(probs >= kth, probs, 0.0)
+        # Top-p measures its nucleus on the top-k survivors, renormalised (as HF and SDAR do).
+        probs = probs / probs.sum(-1, keepdim=True)
+    if isinstance(top_p, torch.Tensor) or top_p < 1.0:
+        top_p = rows_of(top_p, probs)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, L, V)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token
+        keep_sorted = (before < top_p) | (top_p >= 1.0)  # the top token is always kept
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        probs = torch.where(keep, probs, 0.0)
+    return probs
+
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
