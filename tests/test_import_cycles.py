@@ -1,6 +1,7 @@
-"""No import cycle inside a package: an ast pass over each module's module-level imports,
-those under `if TYPE_CHECKING:` included (an annotation couples modules too). A package
-joins PACKAGES once its cycles are gone: model/ is next (issue 37)."""
+"""No import cycle inside a package: an ast pass over each module's imports, those under
+`if TYPE_CHECKING:` and inside functions included (an annotation or a deferred import
+couples modules too). A package joins PACKAGES once its cycles are gone: model/ is next
+(issue 37: loading <-> release through imports inside functions)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,8 @@ def module_of(path: Path) -> str:
 
 
 def module_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """The module-level import statements, in `try`/`if` blocks too."""
-    found, todo = [], list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-        elif isinstance(node, ast.If):
-            todo += node.body + node.orelse
-        elif isinstance(node, ast.Try):
-            todo += node.body + node.orelse + node.finalbody
-            todo += [n for handler in node.handlers for n in handler.body]
-    return found
+    """Every import statement of a module, wherever it sits."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def import_graph(package: str) -> dict[str, set[str]]:
@@ -72,7 +63,7 @@ def test_the_cycle_finder():
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
     tree = ast.parse("import x\nif TYPE_CHECKING:\n    import y\ntry:\n    import z\n"
                      "except ImportError:\n    import w\ndef f():\n    import v\n")
-    assert sorted(n.names[0].name for n in module_imports(tree)) == ["w", "x", "y", "z"]
+    assert sorted(n.names[0].name for n in module_imports(tree)) == ["v", "w", "x", "y", "z"]
 
 
 def test_no_package_has_an_import_cycle():
