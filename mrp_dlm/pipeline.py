@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig, check_block_divides
-from mrp_dlm.decoding.driver import generate
+from mrp_dlm.decoding.driver import Decoder, generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
-from mrp_dlm.decoding.step import Decoder
 from mrp_dlm.hub import resolve_checkpoint
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
@@ -30,7 +29,7 @@ from mrp_dlm.threads import set_inference_threads
 __all__ = ["GenerateOutput", "Pipeline", "embedded_head_dir", "embedded_model_dir"]
 
 
-def locate(directory: str | Path | None, revision: str | None, head: str | Path | None,
+def _locate(directory: str | Path | None, revision: str | None, head: str | Path | None,
            head_revision: str | None) -> tuple[Path, Path | None]:
     """The model's local directory (the embedded model's for None) and the head's (None when
     not given), each a directory or a hub id at its revision (`hub.py`)."""
@@ -99,7 +98,7 @@ class Pipeline:
         """
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-        path, head = locate(directory, revision, head, head_revision)
+        path, head = _locate(directory, revision, head, head_revision)
         model = load_backbone(path, DTYPES[dtype], device, mask_token_id, block_size)
         set_inference_threads(model, device, threads)
         if head is None and directory is None and (embedded_head_dir() / "config.json").is_file():

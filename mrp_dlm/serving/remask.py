@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from mrp_dlm.decoding.veto import veto_step
 from mrp_dlm.serving.base import MrpAlgorithm, OneStep
-from mrp_dlm.serving.sampling import batch_sampling
+from mrp_dlm.serving.sglang_forward import batch_sampling
 
 
 class MrpRemask(MrpAlgorithm):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, map_rows
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig
 
 BATCH_ATTRIBUTE = "mrp_sampling"  # the ForwardBatch's rows' SamplingConfig (host tensors)
 
@@ -41,15 +41,8 @@ def rows_sampling(params: list[Any], seeds: list[int]) -> SamplingConfig:
 
 
 def attach_sampling(forward_batch: Any, params: list[Any], seeds: list[int]) -> Any:
-    """forward_batch with its rows' SamplingConfig attached (for `batch_sampling`)."""
+    """forward_batch with its rows' SamplingConfig attached (read back by
+    `sglang_forward.batch_sampling`)."""
     setattr(forward_batch, BATCH_ATTRIBUTE, rows_sampling(params, seeds))
     return forward_batch
 
-
-def batch_sampling(forward_batch: Any, device: torch.device) -> SamplingConfig:
-    """The rows' SamplingConfig on `device` (a clear error if the plugin hook is missing)."""
-    sampling = getattr(forward_batch, BATCH_ATTRIBUTE, None)
-    if sampling is None:
-        raise RuntimeError("the mrp-dlm plugin's sampling hook did not run on this batch; "
-                           "is the plugin loaded in the scheduler process (SGLANG_PLUGINS)?")
-    return map_rows(sampling, lambda value: value.to(device))

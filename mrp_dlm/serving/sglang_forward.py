@@ -32,6 +32,8 @@ from typing import Any, Iterable, Optional
 import torch
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 
+from mrp_dlm.decoding.sampling import SamplingConfig, map_rows
+from mrp_dlm.serving.sampling import BATCH_ATTRIBUTE
 from mrp_dlm.serving.sglang_process import (MODEL_BASES, check_version, launch_args,
                                             served_algorithm, tensor_parallel_size)
 
@@ -332,3 +334,12 @@ class MrpModel:
         self.mrp_host, self.mrp_head = attach_head(config_path, self.config,
                                                    self.model.embed_tokens,
                                                    self.lm_head.weight, self.block_facts)
+
+
+def batch_sampling(forward_batch: Any, device: torch.device) -> SamplingConfig:
+    """The rows' SamplingConfig on `device` (a clear error if the plugin hook is missing)."""
+    sampling = getattr(forward_batch, BATCH_ATTRIBUTE, None)
+    if sampling is None:
+        raise RuntimeError("the mrp-dlm plugin's sampling hook did not run on this batch; "
+                           "is the plugin loaded in the scheduler process (SGLANG_PLUGINS)?")
+    return map_rows(sampling, lambda value: value.to(device))

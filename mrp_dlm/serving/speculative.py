@@ -4,8 +4,8 @@ Each call (`decode`) is one forward in which every request has one or more rows:
 with drafts pending verifies its candidates S_1 .. S_M (M = K + 1) as extra rows plus its
 own row carrying S_M (`sglang_forward.build_rows_batch`); any other request forwards its
 accepted state alone. The round then runs batched over all requests, on the device, in the
-library's phases: accept and seed (request b accepts n_b >= 1 candidates; the forward's row
-of S_n seeds it), then plan and draft one chain (S_1, the rule's own step, is accepted at
+library's phases (`decoding/speculative.py`): accept and seed (request b accepts n_b >= 1
+candidates; the forward's row of S_n seeds it), then plan and draft one chain (S_1, the rule's own step, is accepted at
 once: a request that drafts nothing still advances one exact step per forward). Only as
 many drafts as the request table's free rows can verify next call are drafted (`drafters`):
 at the running-request cap no row is free, and a call is LowConfidence's forward and step.
@@ -29,18 +29,19 @@ from typing import Callable, Optional
 
 import torch
 
-from mrp_dlm.decoding.drafting import HEAD, SELF, CostProbe, DraftPlanner, Timer
-from mrp_dlm.decoding.round import count_accepted, record_round, rule_steps
+from mrp_dlm.decoding.costs import HEAD, SELF, Timer
+from mrp_dlm.decoding.drafting import DraftPlanner
 from mrp_dlm.decoding.sampling import SamplingConfig
 from mrp_dlm.decoding.selection import Rule
-from mrp_dlm.decoding.speculative import Drafter, Drafts, draft
+from mrp_dlm.decoding.speculative import (Drafter, Drafts, count_accepted, draft,
+                                          record_verdicts, rule_steps)
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
 from mrp_dlm.serving.base import MrpAlgorithm
 from mrp_dlm.serving.head_pool import HeadContext
-from mrp_dlm.serving.sampling import batch_sampling
-from mrp_dlm.serving.sglang_forward import (Answer, Scratch, block_ids, block_positions,
-                                            build_rows_batch, forward_rows, prompt_mask_of,
-                                            reserve, spare_rows, write_block_ids)
+from mrp_dlm.serving.sglang_forward import (Answer, Scratch, batch_sampling, block_ids,
+                                            block_positions, build_rows_batch, forward_rows,
+                                            prompt_mask_of, reserve, spare_rows,
+                                            write_block_ids)
 from mrp_dlm.serving.stats import stats_of
 
 
@@ -64,8 +65,9 @@ class Round:
 
 @dataclass(frozen=True)
 class Chains:
-    """Every request's rows of this call's forward as candidate chains padded to the
-    longest (see `decoding/round.py`): padding repeats a request's own row, invalid."""
+    """Every request's rows of this call's forward as chains of states padded to the
+    longest (`decoding.speculative.count_accepted`): padding repeats a request's own row,
+    invalid."""
 
     rows: torch.Tensor  # (N, L) the forward's rows, each request's own row last
     index: torch.Tensor  # (B, M) int64, the row of each candidate; [:, -1]: the own row
@@ -149,7 +151,7 @@ class MrpSpeculative(MrpAlgorithm):
         self.threshold = self.serving.speculative_threshold
         self.planner = DraftPlanner(self.lookahead, self.serving.adaptive,  # by size bucket
                                     head=self.serving.head is not None)
-        self.last_draft = (0, 0, 0.0)  # drafts after the first, head steps, seconds: the last
+        self.last_draft: tuple[tuple[str, ...], float] = ((), 0.0)  # sources, seconds: the last
 
     def decode(self, model_runner, forward_batch, algo_states):
         B, L = len(algo_states), self.block_size
@@ -168,14 +170,14 @@ class MrpSpeculative(MrpAlgorithm):
         finally:
             scratch.release()
         if probe is not None:
-            self.sample(probe, bucket, rounds, seconds)
+            self.sample(bucket, rounds, seconds)
         positions = block_positions(forward_batch, L)  # (B, L)
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
-        spare = spare_rows(model_runner, L)  # for the next verify: none on a full table
-        requests, plan = self.drafters(spare, self.planner.plan(bucket), settled.eligible,
-                                       probe is not None)
+        free = spare_rows(model_runner, L)  # free rows for the next verify: none on a full table
+        requests, plan = self.drafters(free, self.planner.plan(bucket).sources,
+                                       settled.eligible, probe is not None)
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
                                  plan, timer, requests)
         write_block_ids(forward_batch, drafted.last)
@@ -187,7 +189,7 @@ class MrpSpeculative(MrpAlgorithm):
         for i, state in enumerate(states):
             state.accepted = drafted.first[i]  # the backbone's own step: exact
             state.drafts = drafted.of(i) if read[i][L + 1] else None
-        if spare:  # on a full table no request drafts: the head's keys would go unread
+        if free:  # on a full table no request drafts: the head's keys would go unread
             self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]],
                             done)
         return Answer(out, [row[:L] for row in read], done, states)
@@ -256,7 +258,7 @@ class MrpSpeculative(MrpAlgorithm):
     def settle(self, chains: Chains, prompt: torch.Tensor, logits: torch.Tensor,
                hidden: torch.Tensor, positions: torch.Tensor, sampling: SamplingConfig
                ) -> Settled:
-        """One batched accept over every request's chain (`decoding/round.py`); the verify
+        """One batched accept over every request's chain (`decoding/speculative.py`); the verify
         slice of each accepted state S_n is its seed. prompt, positions: (B, L)."""
         B, M = chains.index.shape
         if M == 1:  # one row per request, its own: no copy of the logits
@@ -302,7 +304,7 @@ class MrpSpeculative(MrpAlgorithm):
         drafter = Drafter(context, self.model_parts(model_runner)[1],
                           self.rule(sampling).rows(index))
         drafts = draft(drafter, seed, rows, plan)  # (R, m, L)
-        self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
+        self.last_draft = (drafts.sources, timer.stop())
         first = first.index_copy(0, index, drafts.states[:, 0])  # (B, L)
         if drafts.states.shape[1] == 1:
             return Drafted(first, first, none)
@@ -333,7 +335,7 @@ class MrpSpeculative(MrpAlgorithm):
             m = len(sources) + 1
             accepted = [verdicts[i][0] for i in requests]  # (R,)
             valid = [verdicts[i][1:1 + m] for i in requests]  # (R, m)
-            record_round(self.planner, sources, torch.tensor(accepted),
+            record_verdicts(self.planner, sources, torch.tensor(accepted),
                          torch.tensor(valid, dtype=torch.bool))  # host tensors: no device read
             for n, row in zip(accepted, valid):
                 self_drafted = sum(ok and source == SELF for ok, source in zip(row[1:], sources))
@@ -348,16 +350,14 @@ class MrpSpeculative(MrpAlgorithm):
             self.store_blocks(model_runner, forward_batch, finished, settled.block[finished],
                               own[finished])
 
-    def sample(self, probe: CostProbe, bucket: int, rounds: list[Round], seconds: float
-               ) -> None:
+    def sample(self, bucket: int, rounds: list[Round], seconds: float) -> None:
         """A probe sample from this call's forward when every request held the same number
-        of rows: one (a plain forward), or the m candidates of the last drafting."""
+        of rows: one (a plain forward), or the m states of the last drafting."""
         sizes = {r.states.shape[0] for r in rounds}
         if len(sizes) != 1:
             return
         m = sizes.pop()
         if m == 1:
-            probe.add_forward(seconds)
-        elif all(r.sources for r in rounds) and self.last_draft[0] == m - 1:
-            probe.add_round(self.last_draft[1], self.last_draft[2], m, seconds)
-        self.planner.learn(bucket)
+            self.planner.time(bucket, seconds, 1)
+        elif all(r.sources for r in rounds) and len(self.last_draft[0]) == m - 1:
+            self.planner.time(bucket, seconds, m, *self.last_draft)

@@ -43,7 +43,7 @@ from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from conftest import random_backbone, random_head, tiny_config  # noqa: E402
 from fake_engine import FakeRunner, serve  # noqa: E402
 from mrp_dlm.config import DecodeConfig, HeadConfig  # noqa: E402
-from mrp_dlm.decoding.drafting import SELF, RoundCosts  # noqa: E402
+from mrp_dlm.decoding.costs import SELF, RoundCosts  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
