@@ -395,8 +395,8 @@ class TrainConfig(RunConfig):
     preset: str = field(default="embedded", metadata={"help": (
         "model shape: tiny, embedded, sdar-1.7b, -4b, -8b or -30b-a3b")})
     model: str | None = field(default=None, metadata={"help": (
-        "backbone checkpoint dir (HF format, with its tokenizer) to train instead of a preset; "
-        "None: a seeded preset")})
+        "backbone checkpoint dir (HF format, with its tokenizer) or hub id (org/name) to train "
+        "instead of a preset; None: a seeded preset")})
     block_size: int = field(default=16, metadata={"help": (
         "L, diffusion block size the model is trained for")})
     vocab_size: int = field(default=1024, metadata={"help": (
@@ -463,8 +463,8 @@ class HeadTrainConfig(RunConfig):
     objective and the held-out metrics."""
 
     model: str | None = field(default=None, metadata={"help": (
-        "backbone checkpoint dir (HF format, with its tokenizer); it stays frozen; None: the "
-        "embedded model")})
+        "backbone checkpoint dir (HF format, with its tokenizer) or hub id (org/name); it stays "
+        "frozen; None: the embedded model")})
     head_layers: int = field(default=HeadConfig.num_layers, metadata={"help": (
         "decoder layers of the head")})
     init_std: float = field(default=HeadConfig.init_std, metadata={"help": (

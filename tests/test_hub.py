@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,21 @@ def test_online_hub_errors_become_one_line(hub_home, monkeypatch, kind, message)
     with pytest.raises(HubError, match=message) as caught:
         resolve_checkpoint("org/name", "v9")
     assert "\n" not in str(caught.value)
+
+
+def test_train_head_takes_a_hub_id_and_names_a_file(cached, capsys, tmp_path):
+    """`mrp train head --model` resolves a hub id to its cached snapshot (saved as the run's
+    model), and a file gives one line that says what to give instead."""
+    out = tmp_path / "head"
+    code, _, err = run_cli(capsys, "train", "head", "--model", REPO, "--out", str(out),
+                           "--tasks", "arith", "--train-examples", "20", "--eval-examples",
+                           "2", "--seq-len", "256", "--batch-size", "2", "--train-steps", "1",
+                           "--head-layers", "1")
+    assert code == 0, err
+    saved = json.loads((out / "train_config.json").read_text())
+    assert Path(saved["model"]).resolve() == cached["main"].resolve()
+    file = tmp_path / "weights.safetensors"
+    file.write_bytes(b"")
+    code, _, err = run_cli(capsys, "train", "head", "--model", str(file), "--out",
+                           str(tmp_path / "x"))
+    assert code == 2 and "is a file: give a checkpoint directory or a hub id" in err, err

@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 from torch.utils.checkpoint import checkpoint
 
 from mrp_dlm.config import HeadConfig, HeadTrainConfig
+from mrp_dlm.hub import resolve_checkpoint
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 from mrp_dlm.model.head import MRPHead
@@ -290,8 +291,8 @@ def train_head(config: HeadTrainConfig) -> Path:
     the output directory."""
     resolve_device(config.device)  # fail before anything is written
     check_run_dir(Path(config.out), config.resume)  # and before anything loads
-    if config.model is None:
-        config = dataclasses.replace(config, model=str(embedded_model_dir()))
+    model = embedded_model_dir() if config.model is None else resolve_checkpoint(config.model)
+    config = dataclasses.replace(config, model=str(model))  # a hub id: its cached snapshot
     world = join_world(config.device)
     try:
         out = run_training(config, world)

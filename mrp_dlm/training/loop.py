@@ -16,6 +16,7 @@ and flag parsing (see `cli.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import shutil
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from mrp_dlm.config import BACKBONE_PRESETS, BackboneConfig, TrainConfig
+from mrp_dlm.hub import resolve_checkpoint
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 from mrp_dlm.model.loading import load_backbone, save_backbone
@@ -147,6 +149,8 @@ def train_backbone(config: TrainConfig) -> Path:
     resolve_device(config.device)  # fail before anything is written
     out = Path(config.out)
     check_run_dir(out, config.resume)
+    if config.model is not None:  # a hub id: its cached snapshot
+        config = dataclasses.replace(config, model=str(resolve_checkpoint(config.model)))
     out.mkdir(parents=True, exist_ok=True)
     spec = config.data or task_spec(config.task_names)
     tokenizer, model, optimizer, progress = start_run(
