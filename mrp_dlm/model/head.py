@@ -75,8 +75,8 @@ class HeadKeys(Protocol):
 @dataclass(frozen=True)
 class HeadAttention:
     """What a head call attends to beyond its own tokens: the head's keys and values of
-    earlier blocks (a `KVCache` of the head's layers, a `KeyRecorder` or `PrefixKeys`), where this call's keys
-    go, and the mask over all of them."""
+    earlier blocks (a `KVCache` of the head's layers, a `KeyRecorder` or `PrefixKeys`), where
+    this call's keys go, and the mask over all of them."""
 
     keys: HeadKeys  # per head layer
     mask: torch.Tensor  # (B, T, S) bool, True where query t may attend to key slot s
@@ -107,7 +107,8 @@ class _PrefixLayer:
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor,
                        width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.cat((self.keys, k), dim=2), torch.cat((self.values, v), dim=2)  # (B, nkv, P + T, hd)
+        keys, values = torch.cat((self.keys, k), dim=2), torch.cat((self.values, v), dim=2)
+        return keys, values  # (B, nkv, P + T, hd) each
 
 
 class KeyRecorder:
@@ -165,7 +166,8 @@ class MRPHead(nn.Module):
         only, bidirectionally (one block with nothing before it, or a test of the layers).
         """
         embeds = backbone.model.embed_tokens(tokens)  # (B, T, H)
-        fused = torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden_in)), dim=-1)  # (B, T, 2H)
+        fused = torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden_in)),
+                          dim=-1)  # (B, T, 2H)
         x = self.fuse(fused)  # (B, T, H)
         rope = rotary_tables(positions, self.backbone_config.head_dim,
                              self.backbone_config.rope_theta, x.dtype)

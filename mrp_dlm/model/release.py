@@ -216,10 +216,12 @@ def export_release(backbone: Backbone, head: MRPHead, directory: Path,
                     for name, p in head.named_parameters()})
     save_tensors(published_tensors(tensors), directory)
     config = release_config(backbone, head)
-    write_atomic(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
+    write_atomic(directory / "config.json",
+                 lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     for name in (*TOKENIZER_FILES, *EXTRA_FILES) if source is not None else ():
         if (source / name).is_file():
-            write_atomic(directory / name, lambda tmp, name=name: shutil.copyfile(source / name, tmp))
+            write_atomic(directory / name,
+                         lambda tmp, name=name: shutil.copyfile(source / name, tmp))
 
 
 def sdar_view_config(raw: dict, directory: Path) -> dict:

@@ -68,7 +68,9 @@ class Sample:
 
     ids: torch.Tensor  # (S,) int64, prompt + response + <|im_end|> + pads, S a multiple of L
     prompt_length: int  # tokens before the (first) response; these are never masked
-    response_mask: torch.Tensor | None = None  # (S,) bool response tokens of a conversation with several assistant turns; None: every token from prompt_length
+    # (S,) bool: the response tokens of a conversation with several assistant turns;
+    # None: every token from prompt_length on
+    response_mask: torch.Tensor | None = None
 
 
 def encode_samples(prompts: Sequence[str], responses: Sequence[str], tokenizer: TextTokenizer,

@@ -141,7 +141,8 @@ def encode_batch(backbone: Backbone, batch: PackedBatch,
     cache = KVCache(config.num_layers, B, config.num_kv_heads, T + Tn, config.head_dim,
                     param.dtype, param.device)
     clean_mask = dual.mask[:, Tn:, Tn:]  # (B, T, T)
-    clean_hidden = backbone(batch.input_ids, batch.positions, clean_mask, cache, 0)  # (B, T, H), writes x_0
+    # (B, T, H); writes x_0's keys into the cache
+    clean_hidden = backbone(batch.input_ids, batch.positions, clean_mask, cache, 0)
     mask = torch.cat((dual.mask[:, :Tn, Tn:], dual.mask[:, :Tn, :Tn]), dim=2)  # (B, Tn, T+Tn)
     layout = BlockLayout(slots.index, slots.valid.view(B, Tn // L, L)[..., 0].reshape(-1), L)
     clean = CleanRows(batch.input_ids, batch.positions, clean_hidden, clean_mask)

@@ -159,7 +159,8 @@ def chain_steps(head: nn.Module, backbone: Backbone, blocks: NoisyBlocks, contex
         masked = masked & ~chosen  # (N, L)
         with torch.no_grad():
             next_logits = backbone.logits(run_blocks(backbone, context, tokens)[masked])  # (M, V)
-        residual_hidden = run_head(head, backbone, context, prefix, tokens, accumulator)  # (N, L, H) h_C
+        residual_hidden = run_head(head, backbone, context, prefix, tokens,
+                                   accumulator)  # (N, L, H) h_C
         accumulator = accumulator + residual_hidden  # (N, L, H)
         yield ChainStep(masked, next_logits, backbone.logits(accumulator[masked]))
         current = next_logits
