@@ -2,23 +2,14 @@
 
 MRP head training runs the backbone several times on the same batch: once on x_t (the
 A-pass, giving `base_hidden` h_A) and once per lookahead step on x_t with more positions
-revealed (the teacher B-passes). Clean rows never attend to noisy slots, so their keys
-and values are the same in every pass: `encode_batch` runs x_0 once into a KV cache and
-each pass then runs only the noisy slots against it. This is the three-part [x_t ; x_0]
-training mask of `masks.build_dual_inputs`, split into its clean and noisy query rows;
-it gives the dual forward's hidden states (up to float rounding) at (T + Tn) + K * Tn
-tokens instead of (K + 1) * (T + Tn).
-
-Noisy slots are those of `masks.select_noisy_slots` (whole blocks that hold a mask), so
-every L consecutive noisy slots are one sample block; the objective works on them as N
-blocks of L, padding blocks dropped.
-
-The head attends like the backbone, to its own keys of the clean blocks before its block
-(`model/head.py`): `head_prefix` runs the head once per batch on x_0 with h_in = the
-backbone's hidden states of x_0 (what decoding's store forwards give it), and every head
-pass on the noisy blocks (`run_head`) attends to those keys and its own block under the
-same noisy rows of the three-part mask as the backbone's passes. The prefix pass is part of
-the graph: the loss trains the head's keys of the context too.
+revealed (the teacher B-passes). Clean rows never attend to noisy slots, so
+`encode_batch` runs x_0 once into a KV cache and each pass then runs only the noisy slots
+(whole blocks that hold a mask, `masks.select_noisy_slots`) against it: the three-part
+[x_t ; x_0] mask of `masks.build_dual_inputs`, split into its clean and noisy query rows.
+`head_prefix` runs the head once per batch on x_0 (h_in = the backbone's hidden states of
+x_0), and every head pass on the noisy blocks (`run_head`) attends to those keys and its
+own block; the prefix pass is part of the graph. Why this equals the dual forward, what it
+saves, and the head's context: docs/training.md, "Passes over a batch".
 
 Deliberately not here: which positions are revealed and the loss (see `head_loss.py`).
 
