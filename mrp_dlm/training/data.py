@@ -104,7 +104,8 @@ def task_texts(task_names: Sequence[str], count: int,
 def render_prompts(problems: Sequence[str], tokenizer: TextTokenizer) -> list[str]:
     """User turns rendered with the chat template.
 
-    Rendering costs ~2 ms per call, minutes for 100k samples, so the template is rendered
+    Rendering is slow enough per call to dominate the tokenizing of a large data set
+    (docs/experiments.md, "numbers moved out of code"), so the template is rendered
     once around a placeholder; when that does not reproduce a real rendering (a template
     that transforms the content), every prompt is rendered on its own.
     """
