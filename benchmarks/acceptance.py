@@ -132,7 +132,8 @@ def main() -> None:
     rows = measure(pipe, prompts, args.heads, thresholds, lookaheads)
     print_table(rows)
     print(json.dumps({"rows": rows, "problems": len(prompts),
-                      "git": provenance.git_commit(), "hardware": provenance.hardware(args.device)}))
+                      "git": provenance.git_commit(),
+                      "hardware": provenance.hardware(args.device)}))
 
 
 if __name__ == "__main__":

@@ -98,7 +98,8 @@ def run_demo(condition: str, args: argparse.Namespace,
 def run_mrp(condition: str, argv: list[str], timeout: float,
             spinner: subprocess.Popen | None) -> Run:
     """`mrp ARGV` in a fresh subprocess: its wall and CPU time, threads, background load."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy_before, spinner_before = busy_seconds(), spinner and process_cpu_seconds(spinner.pid)
     start = time.perf_counter()

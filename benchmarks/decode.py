@@ -92,7 +92,8 @@ def sync(device: str) -> None:
 
 
 @torch.no_grad()
-def no_cache_static(model: Backbone, prompt: list[int], config: DecodeConfig) -> tuple[list[int], int]:
+def no_cache_static(model: Backbone, prompt: list[int],
+                    config: DecodeConfig) -> tuple[list[int], int]:
     """Greedy static decode recomputing the whole sequence every step (no KV cache)."""
     L, mask_token_id = model.config.block_size, model.config.mask_token_id
     device = model.lm_head.weight.device

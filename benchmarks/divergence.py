@@ -138,7 +138,8 @@ def main() -> int:
                           f"({row['seconds']} s)", flush=True)
     summary = {}
     for row in rows:
-        key = f"{'embedded' if row['source'] == 'embedded' else 'tiny'} {row['dtype']} b{row['batch']}"
+        kind = "embedded" if row["source"] == "embedded" else "tiny"
+        key = f"{kind} {row['dtype']} b{row['batch']}"
         total = summary.setdefault(key, dict(prompts=0, differ=0, margins=[]))
         total["prompts"] += row["prompts"]
         total["differ"] += row["differ"]

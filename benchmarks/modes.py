@@ -41,7 +41,8 @@ MODES = ("static,dynamic:0.9,dynamic:0.7,dynamic:0.5,dynamic:0.3,direct:1,direct
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=None, help="checkpoint dir (default: the embedded model)")
+    parser.add_argument("--model", default=None,
+                        help="checkpoint dir (default: the embedded model)")
     parser.add_argument("--head", default=None, help="MRP head dir (default: the embedded head "
                         "when --model is not given)")
     parser.add_argument("--limit", type=int, default=100, help="test problems per task")

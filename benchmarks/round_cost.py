@@ -8,8 +8,9 @@ decoding makes, through the library's own code paths (`decoding/driver.py` Block
 - verify M: `BlockContext.verify` on M = 2..6 and 8 copies of the block side by side, each
   seeing the cached prefix and itself only (`model/masks.py` copies_mask), with their
   logits (M = 8: a candidate set as large as FreeDave's eight draft branches);
-- head step: `MRPHead` over its keys of the prefix + `backbone.logits`, what each head draft costs (heads of 1
-  and 3 layers on the SDAR shapes; the shipped 3-layer head on the embedded model).
+- head step: `MRPHead` over its keys of the prefix + `backbone.logits`, what each head draft
+  costs (heads of 1 and 3 layers on the SDAR shapes; the shipped 3-layer head on the
+  embedded model).
 Sizes: `embedded` (mrp_dlm/assets/embedded and its head, block 16) and randomly initialised
 backbones of the `BACKBONE_PRESETS` shapes sdar-1.7b, sdar-4b, sdar-8b and sdar-30b-a3b (the
 MoE: 48 sparse layers, 8 of 128 experts per token, random routing; block 4, SDAR's

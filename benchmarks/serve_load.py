@@ -10,15 +10,15 @@ after a loaded run):
 - `--requests` requests, `--concurrency` in flight, through one openai client without
   retries, cycling through the request kinds and `--prompts` problems of `arith` and
   `arith-code`. Kinds: chat and completion, greedy (temperature 0) and, on MrpSpeculative
-  and MrpRemask, seeded sampled (temperature 0.7, top-p 0.95, seed 5). LowConfidence is SGLang's own and
-  greedy only (it ignores the temperature); MrpDirect answers sampling with HTTP 400 by
-  design. Each answer's prompt and output ids are compared with the library's decode of
-  the same request (`Pipeline.generate`: the chat template for chat, the raw prompt for
-  completions; dynamic at the threshold for MrpSpeculative and LowConfidence, direct at
-  the lookahead for MrpDirect, remask with the paper rule for MrpRemask; the same sampling
-  and seed). Reports errors (by the
-  client's exception and HTTP status), equal answers, p50/p99 latency, tokens/s, tokens
-  per forward (the plugin's counters) and the tree's resident memory;
+  and MrpRemask, seeded sampled (temperature 0.7, top-p 0.95, seed 5). LowConfidence is
+  SGLang's own and greedy only (it ignores the temperature); MrpDirect answers sampling
+  with HTTP 400 by design. Each answer's prompt and output ids are compared with the
+  library's decode of the same request (`Pipeline.generate`: the chat template for chat,
+  the raw prompt for completions; dynamic at the threshold for MrpSpeculative and
+  LowConfidence, direct at the lookahead for MrpDirect, remask with the paper rule for
+  MrpRemask; the same sampling and seed). Reports errors (by the client's exception and
+  HTTP status), equal answers, p50/p99 latency, tokens/s, tokens per forward (the plugin's
+  counters) and the tree's resident memory;
 - Ctrl-C under load: `--concurrency` more requests, SIGINT to `mrp serve` once the first
   is answered; how each ended (answered, and equal or not; failed, with the client's
   error), the exit code and seconds, and the processes of the server's tree left running.

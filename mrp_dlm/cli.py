@@ -136,7 +136,7 @@ def training_log():
 def cmd_train_backbone(args: argparse.Namespace, train_fields: list[str]) -> int:
     config = build_dataclass(TrainConfig, args, train_fields)
     print(f"mrp train backbone: preset {config.preset}, {config.train_steps} steps, into "
-          f"{config.out}; loading torch", file=sys.stderr, flush=True)  # torch alone takes seconds to import
+          f"{config.out}; loading torch", file=sys.stderr, flush=True)  # torch is slow to import
     from mrp_dlm.training.loop import train_backbone
 
     with training_log():

@@ -117,7 +117,8 @@ class Pipeline:
         check_utf8(prompt, "the prompt")
         return self.tokenizer.encode(self.tokenizer.render_chat(prompt) if chat else prompt)
 
-    def generate(self, prompts: list[str], config: DecodeConfig, chat: bool = False) -> GenerateOutput:
+    def generate(self, prompts: list[str], config: DecodeConfig,
+                 chat: bool = False) -> GenerateOutput:
         return self.generate_ids([self.encode(prompt, chat) for prompt in prompts], config)
 
     def generate_ids(self, prompts: list[list[int]], config: DecodeConfig) -> GenerateOutput:

@@ -1,29 +1,18 @@
 """How many intra-op threads torch uses for CPU inference, chosen by the model's size.
 
-Every matmul of a forward is a parallel region whose threads meet at a barrier at its end.
-When another process holds one of the cores, the thread scheduled there is preempted and
-the whole region waits for it. On the 2-core development machine with one busy process, a
-forward with 2 threads instead of 1 took up to 50x longer for models of up to a few
-million parameters (16x for the embedded model at 16 tokens) and 1.0-1.9x longer from 58M
-to 1.7B parameters; idle, a second thread gained 1.3-1.5x below 60M parameters and 1.6-1.9x
-above (docs/experiments.md, 2026-11-30). So the automatic rule is
+Every matmul of a forward is a parallel region whose threads meet at a barrier at its end:
+when another process holds one of the cores, the region waits for the preempted thread, so
+a second thread loses far more beside a busy process than it gains on an idle machine, and
+most for small models (measured: docs/experiments.md, 2026-11-30). So the automatic rule is
 
     threads = clamp(parameters // PARAMS_PER_THREAD, 1, usable CPUs - 1)
 
-one thread per PARAMS_PER_THREAD parameters (enough work per thread to pay for its
-barrier), never every CPU (a laptop is never idle: the CPU left over absorbs the browser,
-the IDE or a test run, so no thread of ours shares a core with it), and at least one. A
-2-core machine thus always uses one thread, giving up the idle gain of big models.
-
-Precedence: an explicit request (`mrp ... --threads N`, `Pipeline.load(threads=N)`) wins;
-else OMP_NUM_THREADS or MKL_NUM_THREADS, when set, are left in force (torch has applied
-them already; they are the standard OpenMP and MKL variables torch reads, and we add none
-of our own); else the rule above. CUDA and other non-CPU devices are left alone.
-
-Training (`mrp train head`, `mrp train backbone`, `--threads`) follows the same rule over
-the parameters it runs (backbone and head), with the usable CPUs shared among the processes
-of a CPU data-parallel run: the quick head's forwards are as small as inference's and
-stalled the same way beside a busy process (docs/experiments.md, 2026-12-01).
+enough work per thread to pay for its barrier, and never every CPU (the one left over
+absorbs the browser, the IDE or a test run). A 2-core machine thus always uses one thread.
+An explicit request (`--threads N`, `Pipeline.load(threads=N)`) wins; else OMP_NUM_THREADS
+or MKL_NUM_THREADS, when set, stay in force; else the rule. CUDA and other devices are left
+alone. Training follows the same rule over the parameters it runs, with the usable CPUs
+shared among a CPU data-parallel run's processes (docs/design.md, "CPU threads").
 
 Deliberately not here: inter-op threads (torch's default is kept) and process pinning.
 """

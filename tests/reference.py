@@ -211,7 +211,8 @@ def above_threshold(threshold: float, masked: list[int], confidence: list[float]
     return ranked[:quota], min(margin, rank_gap(ranked, confidence, quota))
 
 
-def entropy_bounded(bound: float, masked: list[int], entropy: list[float]) -> tuple[list[int], float]:
+def entropy_bounded(bound: float, masked: list[int],
+                    entropy: list[float]) -> tuple[list[int], float]:
     """Lowest entropy first while the sum stays <= bound (at least one), and the margin."""
     ranked = by_score(masked, entropy, False)
     chosen, total, margin = [], 0.0, math.inf

@@ -12,14 +12,16 @@ explicitly.
 
 Semantics (the MRP paper's three modes):
 - direct: per backbone forward, commit the n_s most confident masked positions of A, then
-  up to K head steps (none once the block has no mask left); step k commits the single most confident remaining masked position of
-  A + sum C (the head sees the block after every commit so far; h_in is h_A + sum h_C).
+  up to K head steps (none once the block has no mask left); step k commits the single most
+  confident remaining masked position of A + sum C (the head sees the block after every
+  commit so far; h_in is h_A + sum h_C).
   Each pick samples with the draw key of the block state it proposes on.
 - speculative (naive): the rule is the threshold step with quota 1 (every masked position
   above threshold, else the most confident; threshold 1.0: static, one token), greedy or
-  sampled with the draw key of the state it steps from (`reference.revealed`). Each round runs the backbone on the current state, drafts S_1 (the backbone's
-  own step) and S_2..S_{K+1} (chained head steps, each the rule's step on A + sum C; none
-  after a state without masks), then checks every draft by running the full backbone on
+  sampled with the draw key of the state it steps from (`reference.revealed`). Each round
+  runs the backbone on the current state, drafts S_1 (the backbone's own step) and
+  S_2..S_{K+1} (chained head steps, each the rule's step on A + sum C; none after a state
+  without masks), then checks every draft by running the full backbone on
   each candidate state S_j separately: draft j+1 stands while the backbone's own step on
   S_j gives S_{j+1}. The block becomes the last accepted state. Without a head
   (self-drafts), S_2..S_{K+1} are the rule's steps on the seed logits A themselves, each
@@ -232,8 +234,9 @@ def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int
     trace.steps += step
 
 
-def chain_keep(model: Backbone, head: MRPHead, sequence: list[int], start: int, hidden: torch.Tensor,
-               proposals: dict, commit: list[int], config: DecodeConfig, trace: Trace) -> list[int]:
+def chain_keep(model: Backbone, head: MRPHead, sequence: list[int], start: int,
+               hidden: torch.Tensor, proposals: dict, commit: list[int], config: DecodeConfig,
+               trace: Trace) -> list[int]:
     """The reveals remask keeps: one head run per checked reveal, on the ones kept."""
     block = sequence[start:start + len(hidden)]
     confidence = {j: p.confidence for j, p in proposals.items()}

@@ -376,7 +376,8 @@ BAD_GENERATE = {
 def test_generate_bad_input_fails_cleanly(saved_model_and_head, capsys, case):
     model_dir, _ = saved_model_and_head
     extra, message = BAD_GENERATE[case]
-    argv = ["generate", "--model", str(model_dir), "--max-new-tokens", "4", "--prompt", "hi", *extra]
+    argv = ["generate", "--model", str(model_dir), "--max-new-tokens", "4", "--prompt", "hi",
+            *extra]
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert re.search(message, err), err
@@ -446,7 +447,8 @@ def test_export_refuses_a_non_empty_out_unless_forced(saved_model_and_head, tmp_
     (out / "notes.txt").write_text("keep me")
     argv = ["export", "--model", str(model_dir), "--head", str(head_dir), "--out", str(out)]
     code, stdout, err = run_cli(capsys, *argv)
-    assert code == 2 and err == f"mrp: error: --out {out} is not empty; pass --force to overwrite it\n"
+    assert code == 2
+    assert err == f"mrp: error: --out {out} is not empty; pass --force to overwrite it\n"
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     code, stdout, err = run_cli(capsys, *argv, "--force", "--dtype", "bfloat16")
     assert code == 0, err

@@ -144,7 +144,8 @@ def test_chat_file_to_distilled_head_to_exact_speculative_decoding(tmp_path, cap
                            "--max-new-tokens", "32")
     assert code == 0, err
     code, _, err = run_cli(capsys, "train", "head", "--data", str(tmp_path / "distilled"),
-                           "--eval-data", str(write_chats(tmp_path / "held.jsonl", 4, answered=True)),
+                           "--eval-data",
+                           str(write_chats(tmp_path / "held.jsonl", 4, answered=True)),
                            "--out", str(tmp_path / "head"), "--train-steps", "3",
                            "--batch-size", "2", "--seq-len", "128", "--head-layers", "1",
                            "--lookahead", "2", "--eval-every", "3", "--eval-prompts", "2",

@@ -209,7 +209,8 @@ class Walk:
         if key in self.seen:
             return
         self.seen.add(key)
-        if any(func.module.startswith(m) and func.qualname.startswith(q) for m, q in self.boundaries):
+        if any(func.module.startswith(m) and func.qualname.startswith(q)
+               for m, q in self.boundaries):
             self.stopped.add(key)
             return
         self.modules.add(func.module)

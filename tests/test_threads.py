@@ -104,8 +104,8 @@ def test_training_shares_the_cpus_among_its_processes(monkeypatch, restore_threa
 
 
 @pytest.mark.parametrize("flag, expected", [(["--threads", "3"], 3), ([], 1)])
-def test_train_head_sets_torch_threads(model_dir, tmp_path, capsys, caplog, monkeypatch,  # noqa: F811
-                                       restore_threads, flag, expected):
+def test_train_head_sets_torch_threads(  # noqa: F811
+        model_dir, tmp_path, capsys, caplog, monkeypatch, restore_threads, flag, expected):
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
     torch.set_num_threads(2)

@@ -2,26 +2,11 @@
 
 One run warms up (every config on `WARMUP_PROBLEMS` problems, excluded from all numbers),
 then decodes the problems of each task with every config, static first, the configs taking
-turns batch by batch (a machine's load that comes and goes then weighs on every row alike;
-each config keeps its own decoder, so its planner learns as in a run of its own). A row
-reports:
-- accuracy (the task's grader);
-- tokens per backbone forward, end to end (prefill included) and denoising only;
-- tokens/s (decode wall time, grading excluded) and the speedup: tokens/s over the static
-  tokens/s measured in the same run on the same problems;
-- drafts accepted per speculative round;
-- for a lossless mode, the rule it must equal (`grid.rule_of`: static, or dynamic at the
-  speculative threshold), the share of problems on which it did and the count that
-  differ, its speed over the rule's (tokens/s ratio, same run) and the cost of one of its
-  forwards (head steps included) in the rule's forwards (seconds per backbone forward over
-  the rule's), so that speed over the rule = (tokens per forward ratio) / (forward cost);
-- for a speculative row, its speed over self-draft speculation at the same τ (the grid's
-  `speculative-self` row there, the same K where there are several: `speedup_vs_self`) and
-  its draft source mix (the share of its drafts after the first that were self-drafts);
-- identical-to-static: the fraction of problems whose generated ids equal static's, and
-  whether the mode is lossless by construction (its rate against its rule must be 1);
-- the head-free frontier's accuracy at the row's tokens per forward and tokens/s, and the
-  row's difference from it (`pareto.py`; `mrp bench --pareto` sweeps every mode's knob).
+turns batch by batch (each keeps its own decoder). A row reports accuracy, tokens per
+backbone forward, tokens/s and its speedup over static; a lossless row also its agreement
+with and speed over its rule (`grid.rule_of`), a speculative row its speed over self-drafts
+and its draft mix; every row its distance to the head-free frontier (`pareto.py`). Every
+column, and why the configs take turns: docs/evaluation.md, "`mrp bench` outputs".
 Wall-clock speedups are judged at batch 1 (`BENCH_BATCH_SIZE`). One progress bar covers
 the run; a completion is graded once however many configs produce it (`GradeMemo`).
 

@@ -7,5 +7,5 @@ Deliberately not here: the grid of modes (see `grid.py`) and the Pareto sweep's 
 """
 
 EVAL_BATCH_SIZE = 16  # `mrp eval`: prompts per decode call
-BENCH_BATCH_SIZE = 1  # `mrp bench`: prompts per decode call; wall-clock speedups are judged at batch 1
+BENCH_BATCH_SIZE = 1  # `mrp bench`: prompts per decode call; speedups are judged at batch 1
 DEMO_PROBLEMS = 20  # `mrp demo`: held-out problems per task

@@ -30,7 +30,7 @@ from mrp_dlm.pipeline import Pipeline
 from mrp_dlm.tasks.common import Example, Task
 from mrp_dlm.tasks.registry import EMBEDDED_TASKS, get_task
 
-DEMO_MAX_NEW_TOKENS = 128  # longest reference answers are ~90 tokens
+DEMO_MAX_NEW_TOKENS = 128  # room for the longest reference answer of the demo's tasks
 DEMO_CONFIGS = tuple(DecodeConfig(max_new_tokens=DEMO_MAX_NEW_TOKENS, **fields) for fields in (
     dict(mode="static"),
     dict(mode="dynamic", threshold=0.9),  # the best head-free decoding here
@@ -41,10 +41,14 @@ DEMO_CONFIGS = tuple(DecodeConfig(max_new_tokens=DEMO_MAX_NEW_TOKENS, **fields) 
     dict(mode="direct", lookahead=4)))  # unverified head tokens; fits a block of 4 and up
 LATENCY_PROBLEMS = 8  # problems per task timed at batch 1
 THROUGHPUT_REPEATS = 3  # interleaved repeats of the batched pass; each call keeps its fastest
-LATENCY_REPEATS = 5  # the same at batch 1, whose short calls vary more (3 let ratios drift ~10%)
+# the same at batch 1, whose short calls vary more: 3 repeats let the ratios drift
+# (docs/experiments.md, "numbers moved out of code")
+LATENCY_REPEATS = 5
 LATENCY_KEYS = (*DecodeStats().to_dict(), "speedup", "speedup_vs_rule", "speedup_vs_self",
                 "forward_cost_vs_rule", "self_draft_share")  # a latency row's own measurements
-MARGIN = 0.05  # a speed edge smaller than this is a tie (two quiet runs differ by up to ~5%)
+# a speed edge smaller than this is a tie: it is about what two quiet runs differ by
+# (docs/experiments.md, "numbers moved out of code")
+MARGIN = 0.05
 EXACT, NO_LOSS = "exact", "fastest no-loss"  # the goals a row can be recommended for
 
 

@@ -37,7 +37,8 @@ BASELINE = "static"  # the reference every ratio is measured against
 LOSSLESS_MODES = ("static", "speculative")  # modes whose greedy tokens equal their rule's
 DEFAULT_GRID = ("static,dynamic:0.9,dynamic:0.7,dynamic:0.5,direct:4,direct:8,"
                 "speculative-self:3@1,speculative:2@1,speculative:3@1,speculative-self:3@0.9,"
-                "speculative:2@0.9,speculative:3@0.9,speculative:4@0.9,remask-chain:0.5,remask-chain:0.4")  # lossy MRP: the Pareto winners
+                "speculative:2@0.9,speculative:3@0.9,speculative:4@0.9,"
+                "remask-chain:0.5,remask-chain:0.4")  # lossy MRP: the Pareto winners
 
 
 def entry_mode(config: DecodeConfig) -> str:

@@ -4,27 +4,16 @@
         --model_args pretrained=DIR,head=HEAD,mode=speculative,lookahead=3,threshold=0.9 \\
         --tasks gsm8k --apply_chat_template --batch_size 16 --device cuda
 
-Model args: `pretrained` (checkpoint directory or hub id; `embedded`, the default, is the
-embedded model, which brings its embedded head), `head`, `revision` and `head_revision` (of
-hub ids, as lm-eval's hf model takes `revision`), `dtype`, `mask_token_id`, `threads`, and
-every scalar field of `DecodeConfig` (mode, threshold, lookahead, block_size, ...); lm-eval's
-`--batch_size` and `--device` arrive as `batch_size` and `device`. A request's own
-generation settings (the task's `generation_kwargs`, lm-eval's `--gen_kwargs`) override
-`max_new_tokens` (as `max_gen_toks`), `temperature`, `top_k` and `top_p` for that
-request; its `until` strings cut the decoded text, and the decode itself stops at the
-model's stop tokens. Requests with equal settings are decoded `batch_size` at a time in
-request order, so a task's batches are those `mrp eval` makes of the same problems.
+Model args: `pretrained` (a checkpoint directory, hub id or `embedded`, the default),
+`head`, `revision`, `head_revision`, `dtype`, `mask_token_id`, `threads` and every scalar
+field of `DecodeConfig`. A request's own generation settings override `max_new_tokens`,
+`temperature`, `top_k` and `top_p` for that request; requests with equal settings are
+decoded `batch_size` at a time in request order, as `mrp eval` batches them.
 
-Why a module to run: lm-eval 0.4.x (0.4.13 included) resolves `--model NAME` only in its
-registry, which holds its own models and whatever the running process has imported; no
-installed package can add a name to the plain `lm_eval` command. Importing this module
-registers `MrpLM` as "mrp" (`@register_model`); running it as `python -m` runs lm-eval's
-own command line after that import, with `pretrained=embedded` added when the mrp model's
-args name no checkpoint (lm-eval names `--output_path`'s folder after `pretrained`, and
-picks a random name without one); `lm_eval.simple_evaluate` finds "mrp" once this module
-is imported. pyproject.toml also declares the `lm_eval.models`
-entry point that lm-eval added after 0.4.13, so with such a release the plain `lm_eval
---model mrp` finds it.
+Why a module to run: lm-eval 0.4.x resolves `--model NAME` only in its registry, so
+importing this module registers `MrpLM` as "mrp" and `python -m` then runs lm-eval's own
+command line (adding `pretrained=embedded` when no checkpoint is named). The full story,
+the model args table and the request settings: docs/evaluation.md, "lm-evaluation-harness".
 
 Deliberately not here: decoding (`Pipeline`), log-likelihoods (see `LOGLIKELIHOOD_ERROR`),
 data-parallel ranks, and lm-eval's `--batch_size auto` (a block-diffusion batch's memory

@@ -39,11 +39,13 @@ SWEEPS = {  # family -> the values its grid entries sweep (`grid.VALUE_FIELDS` n
     "remask-paper@4": PAPER_TAUS,
     "entropy": (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0),
 }
-LOSSLESS_ENTRIES = ("speculative-self:3@0.9", "speculative:3@0.9")  # drawn beside the sweeps; their rule is dynamic:0.9
+# drawn beside the sweeps; their rule is dynamic:0.9
+LOSSLESS_ENTRIES = ("speculative-self:3@0.9", "speculative:3@0.9")
 SPEEDS = {"tokens_per_forward": ("frontier_accuracy", "vs_frontier"),
           "tokens_per_second": ("frontier_accuracy_at_tokens_per_second",
                                 "vs_frontier_at_tokens_per_second")}  # speed -> its columns
-TABLE_COLUMNS = (("task", "task"), ("label", "mode"), ("accuracy", "acc"), ("tokens_per_forward", "tok/fwd"),
+TABLE_COLUMNS = (("task", "task"), ("label", "mode"), ("accuracy", "acc"),
+                 ("tokens_per_forward", "tok/fwd"),
                  ("frontier_accuracy", "frontier acc at tok/fwd"),
                  ("vs_frontier", "vs frontier (points)"), ("tokens_per_second", "tok/s"),
                  ("frontier_accuracy_at_tokens_per_second", "frontier acc at tok/s"),

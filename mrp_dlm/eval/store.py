@@ -125,7 +125,8 @@ def check_out_dir(path: Path) -> None:
             pass
     except OSError as error:
         raise ValueError(f"cannot write the output directory {path}: writing in {existing} "
-                         f"fails ({error.strerror or error}); give --out a writable place") from None
+                         f"fails ({error.strerror or error}); "
+                         "give --out a writable place") from None
 
 
 @dataclass(frozen=True)

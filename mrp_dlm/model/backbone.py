@@ -68,10 +68,12 @@ class _Attention(nn.Module):
         self.k_norm = RMSNorm(self.hd, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor, cache: LayerCache | None, start: int | torch.Tensor) -> torch.Tensor:
+                mask: torch.Tensor, cache: LayerCache | None,
+                start: int | torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.nh, self.hd)).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.hd)).transpose(1, 2)  # (B, nkv, T, hd)
+        q = self.q_norm(self.q_proj(x).view(B, T, self.nh, self.hd))  # (B, T, nh, hd)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.hd))  # (B, T, nkv, hd)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
         q, k = _apply_rotary(q, *rope), _apply_rotary(k, *rope)
         if cache is not None:

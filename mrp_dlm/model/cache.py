@@ -53,7 +53,9 @@ class KVCache:
         return LayerCache(self.keys[index], self.values[index])
 
     def rows(self, index: torch.Tensor) -> "KVCache":
-        """A copy of the rows `index` (N,) int64, repeats allowed: its writes leave this one alone."""
+        """A copy of the rows `index` (N,) int64, repeats allowed: its writes leave this one
+        alone."""
         copy = KVCache.__new__(KVCache)
-        copy.keys, copy.values = self.keys[:, index], self.values[:, index]  # (layers, N, nkv, S, hd)
+        copy.keys = self.keys[:, index]  # (layers, N, nkv, S, hd)
+        copy.values = self.values[:, index]  # (layers, N, nkv, S, hd)
         return copy

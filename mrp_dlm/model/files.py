@@ -130,7 +130,7 @@ def copy_shard(path: Path, params: dict[str, torch.Tensor], seen: set[str],
     and are passed over silently; any other unknown tensor is logged.
     Reads with plain file reads rather than a memory map, so the only memory used beyond
     the model is one tensor's conversion buffer (a mapped shard would stay resident until
-    closed: ~2x the checkpoint for a single-file model).
+    closed: a second copy of the checkpoint for a single-file model).
     """
     with path.open("rb") as handle:
         header, base = read_header(handle, path)

@@ -1,31 +1,23 @@
 """The MRP residual head: predicts how the backbone's logits change after new commits.
 
-    e   = RMSNorm(embed(block tokens after the latest commit))   the fresh reveals enter here
-    h   = RMSNorm(h_in)                                          h_in: backbone hidden or accumulator
+    e   = RMSNorm(embed(block tokens after the latest commit))    the fresh reveals enter here
+    h   = RMSNorm(h_in)                  h_in: backbone hidden or accumulator
     z   = Linear(2H -> H, no bias)(concat(e, h))
-    z   = N decoder layers of the backbone's own class, attending like the backbone:
-          bidirectionally within the block and to the head's own keys and values of every
-          earlier block (block-causal)
-    h_C = RMSNorm(z)                                             residual_hidden
+    z   = N decoder layers of the backbone's class over the block and earlier blocks' keys
+    h_C = RMSNorm(z)                     residual_hidden
     C   = lm_head(h_C), and since lm_head has no bias, A + C = lm_head(h_A + h_C)
 
-The head's keys and values of an earlier block come from the head run on that block's
-clean tokens with h_in = the backbone's final hidden states of that block (what the
-backbone's store forward computes); decoding keeps them in a cache of the head's own
-(`decoding/head_cache.py`), training in the tensors of a pass over the clean row x_0
-(`training/head_batch.py`). This is the published MRP head: a head that sees only its
-block is a different model.
-
-The embedding and lm_head are the backbone's own, frozen and shared: the head receives
-the backbone at call time and never holds (or saves) a copy. The final norm's weight
-starts at zero, so an untrained head predicts no change (A + C == A).
+The head's keys of an earlier block are the head run on its clean tokens with h_in = the
+backbone's final hidden states there (docs/design.md, "The head's context"). The embedding
+and lm_head are the backbone's own, frozen and shared: the head receives the backbone at
+call time and never holds (or saves) a copy. The final norm's weight starts at zero, so an
+untrained head predicts no change (A + C == A).
 
 Deliberately not here: which slots hold which block and who may see them (the caller
 passes the mask and the cache, as to the backbone), training (see `training/`), decoding
 modes, checkpoint files (see `head_loading.py`).
 
-Shapes: B batch (or blocks), T tokens of the call, S key slots, L block size, H hidden,
-V vocab.
+Shapes: B batch (or blocks), T tokens of the call, S key slots, L block, H hidden, V vocab.
 """
 
 from __future__ import annotations
@@ -75,8 +67,8 @@ class HeadKeys(Protocol):
 @dataclass(frozen=True)
 class HeadAttention:
     """What a head call attends to beyond its own tokens: the head's keys and values of
-    earlier blocks (a `KVCache` of the head's layers, a `KeyRecorder` or `PrefixKeys`), where this call's keys
-    go, and the mask over all of them."""
+    earlier blocks (a `KVCache` of the head's layers, a `KeyRecorder` or `PrefixKeys`), where
+    this call's keys go, and the mask over all of them."""
 
     keys: HeadKeys  # per head layer
     mask: torch.Tensor  # (B, T, S) bool, True where query t may attend to key slot s
@@ -107,7 +99,8 @@ class _PrefixLayer:
 
     def write_and_read(self, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor,
                        width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.cat((self.keys, k), dim=2), torch.cat((self.values, v), dim=2)  # (B, nkv, P + T, hd)
+        keys, values = torch.cat((self.keys, k), dim=2), torch.cat((self.values, v), dim=2)
+        return keys, values  # (B, nkv, P + T, hd) each
 
 
 class KeyRecorder:
@@ -165,7 +158,8 @@ class MRPHead(nn.Module):
         only, bidirectionally (one block with nothing before it, or a test of the layers).
         """
         embeds = backbone.model.embed_tokens(tokens)  # (B, T, H)
-        fused = torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden_in)), dim=-1)  # (B, T, 2H)
+        fused = torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden_in)),
+                          dim=-1)  # (B, T, 2H)
         x = self.fuse(fused)  # (B, T, H)
         rope = rotary_tables(positions, self.backbone_config.head_dim,
                              self.backbone_config.rope_theta, x.dtype)

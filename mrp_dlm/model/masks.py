@@ -43,7 +43,8 @@ def copies_mask(key_valid: torch.Tensor, start: int, block_size: int, copies: in
     T = copies * block_size
     prefix = key_valid[:, :start, None].transpose(1, 2).expand(-1, T, -1)  # (B, T, start)
     copy_id = torch.arange(T, device=key_valid.device) // block_size  # (T,)
-    own = (copy_id[:, None] == copy_id[None, :])[None].expand(key_valid.shape[0], -1, -1)  # (B, T, T)
+    own = copy_id[:, None] == copy_id[None, :]  # (T, T)
+    own = own[None].expand(key_valid.shape[0], -1, -1)  # (B, T, T)
     return pad_keys(torch.cat((prefix, own), dim=2), width)  # (B, T, start + T or width)
 
 
@@ -58,7 +59,8 @@ def stored_blocks_mask(key_valid: torch.Tensor, first: int, start: int, block_si
     """
     blocks = torch.arange(start, device=key_valid.device) // block_size  # (start,)
     causal = blocks[None, :] <= blocks[first:, None]  # (start - first, start)
-    return pad_keys(causal[None] & key_valid[:, None, :start], width)  # (B, start - first, start or width)
+    keys = causal[None] & key_valid[:, None, :start]  # (B, start - first, start)
+    return pad_keys(keys, width)  # (B, start - first, start or width)
 
 
 def store_and_next_mask(key_valid: torch.Tensor, start: int, block_size: int,

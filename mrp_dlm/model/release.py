@@ -1,24 +1,12 @@
 """The published MRP layout, read and written as it is: backbone and head in ONE directory.
 
-The official releases (`SDARMRPForCausalLM`, e.g. the sdar-{1.7b,4b,8b}-mrp-3lyr heads) store:
-
-    config.json    architectures ["SDARMRPForCausalLM"], the SDAR/Qwen3 backbone keys,
-                   block_size, mask_token_id, num_nextn_predict_layers (the head's depth)
-                   and num_mrp_heads (only 1 is defined)
-    safetensors    one model.safetensors, or shards with model.safetensors.index.json:
-                   the backbone as `model.*` and `lm_head.weight` (as our own layout), the
-                   head as `mrp_modules.0.model.*`
-
-Head tensor names, ours -> theirs (theirs under `mrp_modules.0.model.`):
-
-    embed_norm -> enorm    hidden_norm -> hnorm    fuse -> eh_proj
-    layers.N.* -> layers.N.* (Qwen3 names, as ours)    norm -> norm
-
-`eh_proj` is (H, 2H) over concat(normed embedding, normed hidden): our `fuse`'s column
-order, so no tensor is reordered. The official class declares tied aliases of the shared
-embedding and lm_head under `mrp_modules.0`; when a file holds them they are not read (a
-head uses its backbone's). A release carries no fingerprint file: the head's fingerprint is
-built from config.json and the file's own lm_head, then checked as ours is.
+The official releases (`SDARMRPForCausalLM`, e.g. the sdar-{1.7b,4b,8b}-mrp-3lyr heads)
+store config.json (the SDAR/Qwen3 keys, block_size, mask_token_id, num_nextn_predict_layers)
+and safetensors with the backbone as `model.*` and `lm_head.weight` and the head under
+`mrp_modules.0.model.` (`enorm`, `hnorm`, `eh_proj`, `layers.N.*`, `norm`); no tensor is
+reordered, tied aliases of the shared embedding and lm_head are not read, and the head's
+fingerprint is built from config.json and the file's own lm_head. The whole layout and the
+name map: docs/design.md, "The release layout".
 
 The facade above both layouts dispatches here (`loading.read_config`, `load_backbone`,
 `load_head`); `Pipeline.load` takes a release's head from its own directory.
@@ -216,10 +204,12 @@ def export_release(backbone: Backbone, head: MRPHead, directory: Path,
                     for name, p in head.named_parameters()})
     save_tensors(published_tensors(tensors), directory)
     config = release_config(backbone, head)
-    write_atomic(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
+    write_atomic(directory / "config.json",
+                 lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     for name in (*TOKENIZER_FILES, *EXTRA_FILES) if source is not None else ():
         if (source / name).is_file():
-            write_atomic(directory / name, lambda tmp, name=name: shutil.copyfile(source / name, tmp))
+            write_atomic(directory / name,
+                         lambda tmp, name=name: shutil.copyfile(source / name, tmp))
 
 
 def sdar_view_config(raw: dict, directory: Path) -> dict:

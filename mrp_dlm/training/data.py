@@ -68,7 +68,9 @@ class Sample:
 
     ids: torch.Tensor  # (S,) int64, prompt + response + <|im_end|> + pads, S a multiple of L
     prompt_length: int  # tokens before the (first) response; these are never masked
-    response_mask: torch.Tensor | None = None  # (S,) bool response tokens of a conversation with several assistant turns; None: every token from prompt_length
+    # (S,) bool: the response tokens of a conversation with several assistant turns;
+    # None: every token from prompt_length on
+    response_mask: torch.Tensor | None = None
 
 
 def encode_samples(prompts: Sequence[str], responses: Sequence[str], tokenizer: TextTokenizer,
@@ -102,7 +104,8 @@ def task_texts(task_names: Sequence[str], count: int,
 def render_prompts(problems: Sequence[str], tokenizer: TextTokenizer) -> list[str]:
     """User turns rendered with the chat template.
 
-    Rendering costs ~2 ms per call, minutes for 100k samples, so the template is rendered
+    Rendering is slow enough per call to dominate the tokenizing of a large data set
+    (docs/experiments.md, "numbers moved out of code"), so the template is rendered
     once around a placeholder; when that does not reproduce a real rendering (a template
     that transforms the content), every prompt is rendered on its own.
     """

@@ -2,23 +2,14 @@
 
 MRP head training runs the backbone several times on the same batch: once on x_t (the
 A-pass, giving `base_hidden` h_A) and once per lookahead step on x_t with more positions
-revealed (the teacher B-passes). Clean rows never attend to noisy slots, so their keys
-and values are the same in every pass: `encode_batch` runs x_0 once into a KV cache and
-each pass then runs only the noisy slots against it. This is the three-part [x_t ; x_0]
-training mask of `masks.build_dual_inputs`, split into its clean and noisy query rows;
-it gives the dual forward's hidden states (up to float rounding) at (T + Tn) + K * Tn
-tokens instead of (K + 1) * (T + Tn).
-
-Noisy slots are those of `masks.select_noisy_slots` (whole blocks that hold a mask), so
-every L consecutive noisy slots are one sample block; the objective works on them as N
-blocks of L, padding blocks dropped.
-
-The head attends like the backbone, to its own keys of the clean blocks before its block
-(`model/head.py`): `head_prefix` runs the head once per batch on x_0 with h_in = the
-backbone's hidden states of x_0 (what decoding's store forwards give it), and every head
-pass on the noisy blocks (`run_head`) attends to those keys and its own block under the
-same noisy rows of the three-part mask as the backbone's passes. The prefix pass is part of
-the graph: the loss trains the head's keys of the context too.
+revealed (the teacher B-passes). Clean rows never attend to noisy slots, so
+`encode_batch` runs x_0 once into a KV cache and each pass then runs only the noisy slots
+(whole blocks that hold a mask, `masks.select_noisy_slots`) against it: the three-part
+[x_t ; x_0] mask of `masks.build_dual_inputs`, split into its clean and noisy query rows.
+`head_prefix` runs the head once per batch on x_0 (h_in = the backbone's hidden states of
+x_0), and every head pass on the noisy blocks (`run_head`) attends to those keys and its
+own block; the prefix pass is part of the graph. Why this equals the dual forward, what it
+saves, and the head's context: docs/training.md, "Passes over a batch".
 
 Deliberately not here: which positions are revealed and the loss (see `head_loss.py`).
 
@@ -141,7 +132,8 @@ def encode_batch(backbone: Backbone, batch: PackedBatch,
     cache = KVCache(config.num_layers, B, config.num_kv_heads, T + Tn, config.head_dim,
                     param.dtype, param.device)
     clean_mask = dual.mask[:, Tn:, Tn:]  # (B, T, T)
-    clean_hidden = backbone(batch.input_ids, batch.positions, clean_mask, cache, 0)  # (B, T, H), writes x_0
+    # (B, T, H); writes x_0's keys into the cache
+    clean_hidden = backbone(batch.input_ids, batch.positions, clean_mask, cache, 0)
     mask = torch.cat((dual.mask[:, :Tn, Tn:], dual.mask[:, :Tn, :Tn]), dim=2)  # (B, Tn, T+Tn)
     layout = BlockLayout(slots.index, slots.valid.view(B, Tn // L, L)[..., 0].reshape(-1), L)
     clean = CleanRows(batch.input_ids, batch.positions, clean_hidden, clean_mask)

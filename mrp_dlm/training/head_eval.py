@@ -1,24 +1,15 @@
 """Held-out metrics of an MRP head: how well A + sum C predicts the backbone's next logits.
 
 The held-out set is fixed: the tasks' test-split samples, packed in order, each row noised
-(and given random reveal priorities) with a seed of its own, so the set does not depend on
-the batch size or the number of processes. Evaluation reveals one position per block per
-step with either rule:
-- static: the backbone's own pick, i.e. the trajectory that greedy static decoding and
-  every accepted speculative draft follow. The revealed token is the one the backbone was
-  already most sure of, so the other positions barely move (a small signal);
-- random: a random masked position with its ground-truth token, the training objective's
-  reveal, on held-out data.
-Per lookahead step k it reports, over the positions still masked after the step's reveal:
-- kl_base      mean KL(B_k || A): the signal, what a head that predicts no change leaves;
-- kl_residual  mean KL(B_k || A + sum C): what the head leaves;
-- argmax_agreement  argmax(A + sum C) == argmax(B_k);
-- pick_agreement    the static pick on A + sum C (most confident still-masked position and
-                    its token) equals the pick on B_k: speculative acceptance of draft k+1;
-- base_pick_agreement  the same for A alone, the no-head baseline.
-`accepted_drafts` is the mean number of leading steps whose picks all agree, per block
-that still has masks after step 1: the drafts a speculative round with this lookahead
-would accept beyond the backbone's own first pick.
+(and given random reveal priorities) with a seed of its own. Evaluation reveals one
+position per block per step with either rule: static (the backbone's own pick, the
+trajectory greedy static decoding and every accepted speculative draft follow) or random
+(a random masked position with its ground-truth token, the training objective's reveal).
+Per lookahead step k, over the positions still masked after the step's reveal, it reports
+`kl_base`, `kl_residual`, `argmax_agreement`, `pick_agreement` and `base_pick_agreement`,
+and `accepted_drafts`, the mean number of leading steps whose picks all agree per block
+that still has masks after step 1. What each means, and why the static rule's signal is
+small: docs/training.md, "Held-out metrics (`metrics.jsonl`)".
 
 Deliberately not here: the training objective (see `head_loss.py`).
 

@@ -1,23 +1,14 @@
 """The MRP head objective: reveal, teach, correct, and the KL between them (as in the MRP paper).
 
 Per lookahead step k = 1..K, on the noisy blocks of a batch:
-    reveal   in every block that still holds masks, commit `counts` positions:
-             static: the backbone's own pick on its current logits (A, then B_{k-1}):
-                     the most confident masked positions and their argmax tokens,
-                     exactly what static decoding (and speculative acceptance) commits;
-             dynamic: the backbone's own threshold step on its current logits: every
-                     masked position whose confidence exceeds τ, else the static pick
-                     (static is dynamic at τ = 1.0): the trajectory of
-                     `--mode dynamic/speculative --threshold τ`;
-             random: uniformly random masked positions with their ground-truth tokens;
+    reveal   in every block that still holds masks, commit `counts` positions by the
+             static, dynamic or random rule (docs/training.md, "MRP head", step 3);
     teach    B_k = backbone logits on the revealed blocks (no grad);
     correct  h_k = h_{k-1} + head(revealed blocks, h_{k-1}), h_0 = h_A, the head attending to
-             its keys of the clean blocks before each block (`head_batch.head_prefix`, one
-             pass per batch, shared by the K steps); A + sum C = lm_head(h_k);
+             its keys of the clean blocks before each block (`head_batch.head_prefix`);
     loss_k = sum over still-masked positions of KL(softmax(B_k) || softmax(A + sum C)) / p,
-             plus commit_weight * the commit loss of step k (`commit_loss`: does the
-             threshold step on A + sum C, the head's draft k + 1, equal the one on B_k?),
-             divided by the batch's response tokens; the loss is the mean of the K losses.
+             plus commit_weight * the commit loss of step k (`commit_loss`), divided by
+             the batch's response tokens; the loss is the mean of the K losses.
 Both distributions have the [MASK] logit at -inf, as at inference. Gradients flow through
 the whole chain of accumulators (the head is fed its own output, as when decoding).
 
@@ -159,7 +150,8 @@ def chain_steps(head: nn.Module, backbone: Backbone, blocks: NoisyBlocks, contex
         masked = masked & ~chosen  # (N, L)
         with torch.no_grad():
             next_logits = backbone.logits(run_blocks(backbone, context, tokens)[masked])  # (M, V)
-        residual_hidden = run_head(head, backbone, context, prefix, tokens, accumulator)  # (N, L, H) h_C
+        residual_hidden = run_head(head, backbone, context, prefix, tokens,
+                                   accumulator)  # (N, L, H) h_C
         accumulator = accumulator + residual_hidden  # (N, L, H)
         yield ChainStep(masked, next_logits, backbone.logits(accumulator[masked]))
         current = next_logits

@@ -4,24 +4,14 @@ A data spec is a comma-separated list of sources, each with an optional `@WEIGHT
 
     chats.jsonl,more/*.parquet@0.5,hf_folder@2,task:arith
 
-- a `.jsonl`, `.json` or `.parquet` file, or a glob of them (`**` recurses);
-- a folder: a `datasets` folder (`save_to_disk`) when it holds one, else every data file
-  in it (an `mrp distill` output folder, say);
-- `task:NAME`: a built-in task's train split (`train_examples` problems).
-The weight is the source's passes per epoch (see `data.epoch_order`): 2 takes each sample
-twice, 0.5 a seeded half, so the mix is a pure function of seed and step.
-
-Every file row is read, rendered and tokenized once at the start (the index pass: only the
-lengths stay in memory); a batch reads its rows again from disk (`SampleStore`), so data
-larger than memory streams and the packing still depends only on the lengths. Bad rows
-raise `records.BadRow` naming file and line, or with `skip_bad_rows` are skipped and
-counted. Samples longer than `seq_len` are cut at a block boundary and counted.
-
-Held-out rows: without eval data, a row whose stable key (its "id", else file name and
-row) hashes below `held_out_frac` is kept out of training; the first `eval_examples` of
-them per source are the held-out set. With eval data, all of --data trains and the first
-`eval_examples` rows of each eval source are held out. A task's held-out rows are its
-test split.
+A source is a `.jsonl`, `.json` or `.parquet` file or a glob of them, a folder (a
+`datasets` folder, else every data file in it) or `task:NAME`; the weight is its passes
+per epoch (see `data.epoch_order`). Every file row is read, rendered and tokenized once at
+the start (only the lengths stay in memory) and read again from disk per batch
+(`SampleStore`). Bad rows raise `records.BadRow` or, with `skip_bad_rows`, are counted;
+samples longer than `seq_len` are cut at a block boundary. Held-out rows: those whose
+stable key hashes below `held_out_frac`, or the first rows of each eval source. The whole
+contract: docs/training.md, "Data: `--data`".
 
 Deliberately not here: parsing a row (see `records.py`), rendering it (`conversations.py`).
 """

@@ -28,7 +28,8 @@ from mrp_dlm.decoding.drafting import MOST_SET, DraftPlanner, best_size
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.driver import generate
 from planners import FixedSets
-from test_mrp_modes import HEADS, MAX_NEW, SAMPLINGS, SPEC_MODELS, backbone, describe_mismatch, rule_run
+from test_mrp_modes import (HEADS, MAX_NEW, SAMPLINGS, SPEC_MODELS, backbone, describe_mismatch,
+                            rule_run)
 
 M = 9  # mask id of the hand-built cases
 

@@ -233,6 +233,7 @@ def test_pipeline_keeps_one_decoder_per_config(saved_model_and_head):
     assert tried > 0  # the probe rounds drafted and their drafts were counted
     second = pipe.generate(["What is 2 + 3?"], config)
     assert pipe.decoder(config) is decoder and sum(decoder.planner.acceptance[HEAD].tried) >= tried
-    assert decoder.planner.costs or decoder.planner.probes  # what it measured is kept for the next call
+    # what it measured is kept for the next call
+    assert decoder.planner.costs or decoder.planner.probes
     assert first.token_ids == second.token_ids
     assert pipe.decoder(DecodeConfig(mode="speculative", max_new_tokens=9)) is not decoder

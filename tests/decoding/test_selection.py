@@ -130,7 +130,8 @@ def test_entropy_bound_zero_takes_all_zero_entropy_positions():
 # --- remask: the consistent prefix ---------------------------------------------------------
 
 def test_remask_keeps_the_reveals_ranked_before_the_first_failed_check():
-    confidence = t([[0.9, 0.6, 0.8, 0.7, 0.2], [0.5, 0.9, 0.6, 0.3, 0.6], [0.7, 0.8, 0.1, 0.1, 0.1]])
+    confidence = t([[0.9, 0.6, 0.8, 0.7, 0.2], [0.5, 0.9, 0.6, 0.3, 0.6],
+                    [0.7, 0.8, 0.1, 0.1, 0.1]])
     commit = b([[True, True, True, True, False], [True, True, True, False, True],
                 [True, True, False, False, False]])
     rank = rank_positions(confidence, commit)

@@ -13,7 +13,10 @@ from mrp_dlm.eval.grid import DEFAULT_GRID, family_of, grid_label, parse_grid, r
 from mrp_dlm.pipeline import Pipeline
 from mrp_dlm.tasks.registry import get_task
 
-BASE = DecodeConfig(max_new_tokens=8, adaptive=False, remask_delta=1.0)  # speculative rows draft every round
+# speculative rows draft every round
+BASE = DecodeConfig(max_new_tokens=8, adaptive=False, remask_delta=1.0)
+ONLY_AFTER_AT = ("only speculative:K@τ, speculative-self:K@τ and remask-paper:τ@δ "
+                 "take a value after @")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -49,8 +52,8 @@ BAD_GRIDS = {
     "dynamic:0.5,dynamic:0.50": "dynamic:0.5 more than once",
     "speculative:2@x": "threshold must be a number in",
     "speculative:2@1.5": "threshold must be a number in",
-    "dynamic:0.5@0.9": "only speculative:K@τ, speculative-self:K@τ and remask-paper:τ@δ take a value after @",
-    "remask-chain:0.5@2": "only speculative:K@τ, speculative-self:K@τ and remask-paper:τ@δ take a value after @",
+    "dynamic:0.5@0.9": ONLY_AFTER_AT,
+    "remask-chain:0.5@2": ONLY_AFTER_AT,
     "remask-paper:0.5@x": "remask_delta must be a number >= 0",
 }
 

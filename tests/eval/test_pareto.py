@@ -49,7 +49,8 @@ def test_rows_are_read_against_the_dynamic_frontier_at_their_own_speed():
     # tok/fwd frontier: (1.6, 1.0), (2.8, 0.7), (3.8, 0.3); at 3.3 it is 0.5
     assert out["remask:0.3"]["frontier_accuracy"] == 0.5
     assert out["remask:0.3"]["vs_frontier"] == 49.0
-    assert out["dynamic:0.7"]["frontier_accuracy"] == 0.9 and out["dynamic:0.7"]["vs_frontier"] == -30.0
+    assert out["dynamic:0.7"]["frontier_accuracy"] == 0.9
+    assert out["dynamic:0.7"]["vs_frontier"] == -30.0
     assert out["dynamic:0.6"]["vs_frontier"] == 0.0 and out["static"]["vs_frontier"] == 0.0
     assert out["direct:2"]["frontier_accuracy"] == 1.0 and out["direct:2"]["vs_frontier"] == -5.0
     assert out["direct:15"]["frontier_accuracy"] is None and out["direct:15"]["vs_frontier"] is None

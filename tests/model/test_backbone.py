@@ -140,7 +140,8 @@ def test_block_causal_forward_equals_dense_reference(make_model, block_size, T, 
     ids = random_ids(B, T, seed=T)
     positions = torch.arange(T).expand(B, T)
     mask = explicit_mask(T, block_size).expand(B, T, T)
-    library_mask = block_causal_mask(torch.arange(T) // block_size, torch.ones(B, T, dtype=torch.bool))
+    library_mask = block_causal_mask(torch.arange(T) // block_size,
+                                     torch.ones(B, T, dtype=torch.bool))
     assert torch.equal(library_mask, mask)
     with torch.no_grad():
         ours = model.logits(model(ids, positions, mask))

@@ -36,7 +36,8 @@ def test_a_dense_member_loads_and_decodes(member, tmp_path):
     added = json.loads((tmp_path / member.name / "added_tokens.json").read_text())
     assert added[member.mask_text] == config.mask_token_id
     assert pipe.head_dir is None and pipe.tokenizer is None  # no head; ids only here
-    decode = DecodeConfig(mode="static", max_new_tokens=member.block_size, steps=4)  # 4 steps a block
+    # 4 steps a block
+    decode = DecodeConfig(mode="static", max_new_tokens=member.block_size, steps=4)
     ours = generate(pipe.model, [PROMPT], decode, pipe.decoder(decode))
     theirs = generate(written, [PROMPT], decode, make_decoder(decode, None))
     assert ours.token_ids == theirs.token_ids and len(ours.token_ids[0]) >= 1

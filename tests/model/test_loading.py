@@ -231,7 +231,8 @@ def break_truncated_weights(d: Path) -> None:
 
 def break_missing_tensor(d: Path) -> None:
     model = load_backbone(d)
-    tensors = {n: p.detach().clone() for n, p in model.named_parameters() if n != "model.norm.weight"}
+    tensors = {n: p.detach().clone() for n, p in model.named_parameters()
+               if n != "model.norm.weight"}
     save_file(tensors, str(d / SINGLE_FILE))
 
 
@@ -251,7 +252,8 @@ BAD_CHECKPOINTS = {
     "corrupt config JSON": (break_corrupt_config, r"config\.json is not valid JSON"),
     "unknown model_type": (edit_config(model_type="llama"),
                            r"unknown model_type 'llama'; mrp-dlm reads sdar and qwen3"),
-    "unsupported setting": (edit_config(attention_bias=True), r"unsupported setting.*attention_bias"),
+    "unsupported setting": (edit_config(attention_bias=True),
+                            r"unsupported setting.*attention_bias"),
     "config lacks a key": (break_drop_key, r"config\.json lacks the key 'num_hidden_layers'"),
     "missing weights": (break_missing_weights, r"has neither model\.safetensors nor "
                                                r"model\.safetensors\.index\.json"),

@@ -121,13 +121,15 @@ def test_release_parts_load_through_our_entry_points(pair, tmp_path, caplog):
     model, head = pair
     tensors = official_tensors(model, head)  # with the official class's tied aliases too
     tensors["mrp_modules.0.lm_head.weight"] = tensors["lm_head.weight"].clone()
-    tensors["mrp_modules.0.model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    embed = tensors["model.embed_tokens.weight"]
+    tensors["mrp_modules.0.model.embed_tokens.weight"] = embed.clone()
     release = write_release(tmp_path / "release", tensors, official_config(model, head))
     assert is_release_dir(release) and not is_release_dir(tmp_path / "ours")
     backbone = load_backbone(release)
     loaded = load_head(release, backbone)
     assert loaded.config.num_layers == head.config.num_layers
-    assert all(torch.equal(p, dict(head.named_parameters())[n]) for n, p in loaded.named_parameters())
+    ours = dict(head.named_parameters())
+    assert all(torch.equal(p, ours[n]) for n, p in loaded.named_parameters())
     on_ours = load_head(release, load_backbone(tmp_path / "ours"))  # --model ours --head release
     assert torch.equal(on_ours.fuse.weight, head.fuse.weight)
     assert not caplog.records  # no tensor of the release is "unexpected"
@@ -135,7 +137,8 @@ def test_release_parts_load_through_our_entry_points(pair, tmp_path, caplog):
 
 def test_text_without_a_tokenizer_is_a_clear_error(pair, tmp_path):
     model, head = pair
-    release = write_release(tmp_path / "r", official_tensors(model, head), official_config(model, head))
+    release = write_release(tmp_path / "r", official_tensors(model, head),
+                            official_config(model, head))
     with pytest.raises(ValueError, match="has no tokenizer; pass token ids"):
         Pipeline.load(release).generate(["hi"], DecodeConfig())
 
@@ -189,7 +192,8 @@ def test_two_heads_stop_the_backbone_load_too(pair, tmp_path):
 
 def test_a_release_head_on_another_backbone_is_refused(pair, tmp_path):
     model, head = pair
-    release = write_release(tmp_path / "r", official_tensors(model, head), official_config(model, head))
+    release = write_release(tmp_path / "r", official_tensors(model, head),
+                            official_config(model, head))
     with pytest.raises(CheckpointError, match="trained on another backbone: lm_head_sha256"):
         load_head(release, random_backbone(tiny_config(), seed=5))
 
@@ -236,7 +240,8 @@ def test_the_sdar_view_renames_the_architecture_and_links_the_weights(pair, tmp_
     view = json.loads((tmp_path / "view" / "config.json").read_text())
     assert view["architectures"] == ["SDARForCausalLM"] and "auto_map" not in view
     assert view["block_size"] == RELEASE_BLOCK_SIZE
-    assert json.loads((release / "config.json").read_text())["architectures"] == ["SDARMRPForCausalLM"]
+    written = json.loads((release / "config.json").read_text())
+    assert written["architectures"] == ["SDARMRPForCausalLM"]
     linked = sorted(p.name for p in (tmp_path / "view").iterdir() if p.is_symlink())
     assert linked == sorted(p.name for p in release.iterdir() if p.name != "config.json")
     assert read_config(tmp_path / "view") == read_config(release)
@@ -252,7 +257,8 @@ def test_the_published_sdar_config_translates(fixtures_dir, tmp_path):
     assert (config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads,
             config.intermediate_size, config.head_dim, config.vocab_size) == \
         (2560, 36, 32, 8, 9728, 128, 151936)
-    assert (config.block_size, config.mask_token_id, config.tie_word_embeddings) == (4, 151669, False)
+    assert (config.block_size, config.mask_token_id, config.tie_word_embeddings) == \
+        (4, 151669, False)
     raw.pop("block_size")
     assert sdar_view_config(raw, release)["block_size"] == RELEASE_BLOCK_SIZE
 

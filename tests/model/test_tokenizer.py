@@ -18,7 +18,8 @@ from mrp_dlm.model.tokenizer import build_bpe_tokenizer, load_tokenizer
 TEXTS = [
     "Hello, world! 2 + 2 = 4.\n  def f(x):\treturn x  # it's 12345",
     "I'LL say: don't, we've, they're\r\n\r\n   trailing   ",
-    "caf\u0065\u0301 vs caf\u00e9, na\u00efve, \u4f60\u597d\u4e16\u754c, \u0645\u0631\u062d\u0628\u0627, "
+    "caf\u0065\u0301 vs caf\u00e9, na\u00efve, \u4f60\u597d\u4e16\u754c, "
+    "\u0645\u0631\u062d\u0628\u0627, "
     "\U0001f600\U0001f680",
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n4",
     "<|MASK|><|MASK|> masked <|endoftext|> and <tool_call>{}</tool_call>",

@@ -112,7 +112,8 @@ def test_refusal_counts_even_when_caught():
 
 
 def test_temp_dir_is_writable_then_deleted():
-    code = ("import os\nopen('a.txt', 'w').write('x')\nos.mkdir('d')\nos.rename('a.txt', 'd/b.txt')\n"
+    code = ("import os\nopen('a.txt', 'w').write('x')\nos.mkdir('d')\n"
+            "os.rename('a.txt', 'd/b.txt')\n"
             "def solve():\n    return os.getcwd()")
     result = run(code, "solve()")
     assert result.ok

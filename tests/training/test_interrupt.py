@@ -70,7 +70,8 @@ def train_argv(model: Path, out: Path, steps: int) -> list[str]:
 
 def interrupt_when_logged(argv: list[str], log: Path, lines: int) -> subprocess.CompletedProcess:
     """`mrp ARGV` in a subprocess, sent SIGINT once its log has `lines` lines."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
     proc = subprocess.Popen([sys.executable, "-m", "mrp_dlm.cli", *argv], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
