@@ -2,7 +2,7 @@
 errors for what they do not support, the model's head, and the per-request block state.
 
 Errors, each with a message that says what to do:
-- at launch: tensor parallelism > 1, `--no-dllm-fdfo` (the algorithms are written for
+- at launch: `--no-dllm-fdfo` (the algorithms are written for
   first-done-first-out scheduling), a bad YAML, a missing head directory, a head whose
   fingerprint does not match the model or the block size (raised while the model loads);
 - per request: sampling (`sampling_refusal`, the one place that decides it).
@@ -30,19 +30,20 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
 from mrp_dlm.decoding.step import BackboneStep, BlockRows, Step
-from mrp_dlm.serving.config import MrpServingConfig, ServingConfigError
+from mrp_dlm.serving.config import SDAR_ARCHITECTURES, MrpServingConfig, ServingConfigError
 from mrp_dlm.serving.head_pool import HeadContext, HeadPool, block_slots, request_context
 from mrp_dlm.serving.verify_batch import check_sglang_version
 
 
 class MrpAlgorithm(DllmAlgorithm):
-    """Base of MrpSpeculative and MrpDirect (FDFO only, tp 1 only; which
-    requests each serves: `sampling_refusal`).
+    """Base of MrpSpeculative, MrpDirect and MrpRemask (FDFO only; which requests each
+    serves: `sampling_refusal`). Under tensor parallelism every rank runs the same
+    algorithm on the same batch and logits, so every rank takes the same decisions.
 
     `self.mask_id` and `self.block_size` are SGLang's (`DllmAlgorithm.__init__` sets them
     from its DllmConfig), so they keep SGLang's names; ours is `mask_token_id`."""
 
-    supported_architectures = ("SDARForCausalLM",)
+    supported_architectures = SDAR_ARCHITECTURES
     needs_head = True  # MrpSpeculative self-drafts without one
 
     def __init__(self, config: DllmConfig) -> None:
@@ -62,9 +63,6 @@ class MrpAlgorithm(DllmAlgorithm):
         from sglang.srt.arg_groups.overrides import resolving_view
 
         cfg = resolving_view(server_args)
-        if getattr(cfg, "tp_size", 1) > 1:
-            raise ServingConfigError(f"{cls.__name__} supports tensor parallelism 1 only "
-                                     f"(got --tp {cfg.tp_size}); SDAR 1.7B-8B fit one GPU")
         if not getattr(cfg, "dllm_fdfo", True):
             raise ServingConfigError(no_fdfo_message(cls.__name__))
         if cfg.dllm_algorithm_config is None:
@@ -81,7 +79,7 @@ class MrpAlgorithm(DllmAlgorithm):
         model = model_runner.model
         head, host = getattr(model, "mrp_head", None), getattr(model, "mrp_host", None)
         if host is None or (head is None and self.serving.head is not None):
-            raise RuntimeError(f"{type(self).__name__} needs the mrp-dlm SDARForCausalLM "
+            raise RuntimeError(f"{type(self).__name__} needs the mrp-dlm SDAR model class "
                                "with its head loaded; is the mrp-dlm plugin installed and "
                                "SGLANG_PLUGINS (if set) naming it?")
         return head, host

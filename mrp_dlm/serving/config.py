@@ -32,6 +32,7 @@ from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, DecodeConfig
 
 log = logging.getLogger(__name__)
 
+SDAR_ARCHITECTURES = ("SDARForCausalLM", "SDARMoeForCausalLM")  # dense and MoE SDAR models
 DEPRECATED_KEYS = {"mask_id": "mask_token_id"}  # old YAML key -> its one current name
 YAML_SOURCE = "the dLLM algorithm config"  # how messages name the YAML when no path is known
 
@@ -153,6 +154,12 @@ def load_serving_config(path: str | None) -> MrpServingConfig:
 class BlockFacts:
     block_size: int  # L the server decodes with
     mask_token_id: int  # [MASK] id
+
+
+def is_sdar(hf_config: Any) -> bool:
+    """Whether a Hugging Face config is an SDAR model's (dense or MoE)."""
+    architectures = getattr(hf_config, "architectures", None) or []
+    return architectures[:1] in ([name] for name in SDAR_ARCHITECTURES)
 
 
 def resolve_block_facts(yaml_values: dict, hf_config: Any,

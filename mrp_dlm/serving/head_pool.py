@@ -39,6 +39,7 @@ from typing import Any, Optional
 import torch
 
 from mrp_dlm.model.head import HeadAttention, HeadBackbone, MRPHead
+from mrp_dlm.serving.head_tp import kv_heads_of
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,12 @@ class HeadPool:
         allocator = model_runner.token_to_kv_pool_allocator
         slots = allocator.size + getattr(allocator, "page_size", 1)
         cfg, weight = head.backbone_config, head.fuse.weight
-        pool = cls(head.config.num_layers, slots, cfg.num_kv_heads, cfg.head_dim, weight.dtype,
-                   weight.device)
-        per_token = head_bytes_per_token(head.config.num_layers, cfg.num_kv_heads,
-                                         cfg.head_dim, weight.dtype)
+        nkv = kv_heads_of(head)  # this TP rank's
+        pool = cls(head.config.num_layers, slots, nkv, cfg.head_dim, weight.dtype, weight.device)
+        per_token = head_bytes_per_token(head.config.num_layers, nkv, cfg.head_dim, weight.dtype)
         log.info("MRP head KV pool: %d slots x %d bytes per token (%d layers x 2 x %d kv heads "
                  "x %d head dim x %s) = %.1f MiB", slots, per_token, head.config.num_layers,
-                 cfg.num_kv_heads, cfg.head_dim, weight.dtype, slots * per_token / 2**20)
+                 nkv, cfg.head_dim, weight.dtype, slots * per_token / 2**20)
         return pool
 
 

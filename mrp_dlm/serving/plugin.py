@@ -5,13 +5,14 @@ It then
 - registers `MrpSpeculative`, `MrpDirect` and `MrpRemask` in SGLang's algorithm registry (a module
   dict read at call time), so `--dllm-algorithm MrpSpeculative` finds them;
 - points SGLANG_EXTERNAL_MODEL_PACKAGE at `mrp_dlm.serving.models`, so our
-  `SDARForCausalLM` (SGLang's, plus the head, hidden states and SUBS) serves SDAR
-  checkpoints; it must be set before SGLang's model registry is imported;
+  `SDARForCausalLM` and `SDARMoeForCausalLM` (SGLang's, plus the head, hidden states and
+  SUBS) serve SDAR checkpoints; it must be set before SGLang's model registry is imported;
 - wraps `DllmConfig.from_server_args` so that, for SDAR, the block size and the mask id
   come from the YAML, else from the model's config.json, else from SGLang's table (SGLang
   alone always takes mask 151669, which is wrong for any model with its own mask id);
-- registers model_type `sdar` with transformers as Qwen3's config (SDAR is Qwen3 layers),
-  so SDAR checkpoints without custom code (ours) load without --trust-remote-code;
+- registers model_types `sdar` and `sdar_moe` with transformers as Qwen3's and Qwen3-MoE's
+  configs (SDAR is Qwen3 layers), so SDAR checkpoints without custom code (ours) load
+  without --trust-remote-code;
 - hooks `ForwardBatch.init_new` to attach each batch's per-request sampling parameters and
   seeds (`sampling.py`), which `MrpSpeculative` samples with;
 - hooks the scheduler's dLLM result processing to count the serving stats of
@@ -75,12 +76,13 @@ def register_algorithms() -> None:
 def register_sdar_config() -> None:
     from transformers import AutoConfig
 
-    from mrp_dlm.serving.sdar_config import SDARConfig
+    from mrp_dlm.serving.sdar_config import SDARConfig, SDARMoeConfig
 
-    try:
-        AutoConfig.for_model("sdar")
-    except ValueError:
-        AutoConfig.register("sdar", SDARConfig)
+    for config in (SDARConfig, SDARMoeConfig):
+        try:
+            AutoConfig.for_model(config.model_type)
+        except ValueError:
+            AutoConfig.register(config.model_type, config)
 
 
 def register_block_facts_hook() -> None:
@@ -105,13 +107,12 @@ def block_facts_hook(result, server_args, *args, **kwargs):
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
 
-    from mrp_dlm.serving.config import read_yaml, resolve_block_facts
+    from mrp_dlm.serving.config import is_sdar, read_yaml, resolve_block_facts
 
     cfg = resolving_view(server_args)
     model_config = ModelConfig.from_server_args(server_args, model_path=cfg.model_path,
                                                 model_revision=cfg.revision)
-    architectures = getattr(model_config.hf_config, "architectures", None) or []
-    if architectures[:1] != ["SDARForCausalLM"]:
+    if not is_sdar(model_config.hf_config):
         return result
     facts = resolve_block_facts(read_yaml(cfg.dllm_algorithm_config), model_config.hf_config)
     # `mask_id` is SGLang's DllmConfig field (its algorithms and requests read it): not ours
@@ -131,7 +132,7 @@ def register_head_pool_hook() -> None:
 
 def head_cell_size_hook(result, configurator, kvc, *args, **kwargs):
     """After SGLang's KV bytes per token: plus the MRP head's (its pool has a row per slot)."""
-    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.runtime_context import get_exec, get_parallel
 
     from mrp_dlm.model.release import head_layer_count
     from mrp_dlm.serving.config import load_serving_config
@@ -146,7 +147,9 @@ def head_cell_size_hook(result, configurator, kvc, *args, **kwargs):
     # The head directory is a saved head or a release (whose config is the backbone's).
     layers = head_layer_count(directory)
     model = kvc.model_config
-    extra = head_bytes_per_token(layers, model.get_num_kv_heads(1), model.head_dim, model.dtype)
+    # per TP rank: its share of the head's kv heads, as SGLang's own per-token size
+    tp = get_parallel().tp_size
+    extra = head_bytes_per_token(layers, model.get_num_kv_heads(tp), model.head_dim, model.dtype)
     log.info("KV bytes per token: %d for the backbone + %d for the MRP head's %d layers",
              result, extra, layers)
     return result + extra

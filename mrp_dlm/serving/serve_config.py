@@ -32,6 +32,7 @@ class ServeConfig:
     lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
     adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay
     remask_delta: float = DecodeConfig.remask_delta  # MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask
+    tp: int = 1  # tensor-parallel size: the backbone and the head split over this many GPUs (or CPU processes)
     port: int = 30000  # HTTP port on 127.0.0.1
     device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
 
@@ -43,6 +44,8 @@ class ServeConfig:
             raise ServeError(f"threshold must be in (0, 1], got {self.threshold}")
         if self.lookahead < 1:
             raise ServeError(f"lookahead must be >= 1, got {self.lookahead}")
+        if self.tp < 1:
+            raise ServeError(f"tp must be >= 1, got {self.tp}")
         if not 0 < self.port < 65536:
             raise ServeError(f"port must be in 1..65535, got {self.port}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -198,7 +198,7 @@ class MrpSpeculative(MrpAlgorithm):
         finally:
             scratch.release()
         if probe is not None:
-            self.sample(probe, bucket, rounds, seconds)
+            self.sample(probe, bucket, rounds, self.agreed_seconds(model_runner, seconds))
         positions = forward_batch.positions.view(B, L).long()  # (B, L)
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
@@ -379,6 +379,16 @@ class MrpSpeculative(MrpAlgorithm):
         if finished:
             self.store_blocks(model_runner, forward_batch, finished, settled.block[finished],
                               own[finished])
+
+    def agreed_seconds(self, model_runner, seconds: float) -> float:
+        """This call's forward time, and the last draft's, the same on every TP rank (their
+        max), so that every rank learns the same costs and plans the same drafts."""
+        agree = getattr(model_runner.model, "agree", None)
+        if agree is None:
+            return seconds
+        seconds, drafted = agree([seconds, self.last_draft[2]])
+        self.last_draft = (*self.last_draft[:2], drafted)
+        return seconds
 
     def sample(self, probe: CostProbe, bucket: int, rounds: list[Round], seconds: float
                ) -> None:

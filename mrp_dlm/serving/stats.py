@@ -32,6 +32,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from mrp_dlm.serving.config import is_sdar
+
 log = logging.getLogger(__name__)
 
 COUNTED_ALGORITHMS = ("MrpSpeculative", "MrpDirect", "MrpRemask", "LowConfidence")  # on SDAR models
@@ -178,8 +180,7 @@ def counted_algorithm(scheduler: Any) -> Any:
     if config is None or not config.first_done_first_out_mode \
             or config.algorithm not in COUNTED_ALGORITHMS:
         return None
-    architectures = getattr(scheduler.model_config.hf_config, "architectures", None) or []
-    if architectures[:1] != ["SDARForCausalLM"]:
+    if not is_sdar(scheduler.model_config.hf_config):
         return None
     return scheduler.tp_worker.dllm_algorithm
 
