@@ -35,7 +35,7 @@ from mrp_dlm.decoding.stats import DecodeStats  # noqa: E402
 from mrp_dlm.distill import prompt_turns, read_prompts  # noqa: E402
 from mrp_dlm.eval import provenance  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
-from mrp_dlm.model.head_loading import load_head  # noqa: E402
+from mrp_dlm.model.loading import load_head  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
 from mrp_dlm.tasks.registry import get_task  # noqa: E402
 

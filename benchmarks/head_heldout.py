@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mrp_dlm.config import HeadTrainConfig  # noqa: E402
-from mrp_dlm.model.head_loading import load_head  # noqa: E402
+from mrp_dlm.model.loading import load_head  # noqa: E402
 from mrp_dlm.training import head_loop  # noqa: E402
 from mrp_dlm.training.conversations import ChatEncoder  # noqa: E402
 from mrp_dlm.training.distributed import join_world, leave_world  # noqa: E402

@@ -78,8 +78,7 @@ from mrp_dlm.eval.provenance import git_commit, hardware, peak_memory  # noqa: E
 from mrp_dlm.model.backbone import Backbone, rotary_tables  # noqa: E402
 from mrp_dlm.model.cache import KVCache  # noqa: E402
 from mrp_dlm.model.head import HeadAttention, MRPHead  # noqa: E402
-from mrp_dlm.model.head_loading import load_head  # noqa: E402
-from mrp_dlm.model.loading import load_backbone, read_config  # noqa: E402
+from mrp_dlm.model.loading import load_backbone, load_head, read_config  # noqa: E402
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir  # noqa: E402
 
 DTYPE = torch.bfloat16

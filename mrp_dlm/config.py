@@ -55,11 +55,18 @@ class BackboneConfig:
     block_size: int = SDAR_BLOCK_SIZE  # block size the model was trained with
     mask_token_id: int = SDAR_MASK_TOKEN_ID  # id of [MASK]
     stop_token_ids: tuple[int, ...] = SDAR_STOP_TOKEN_IDS  # ids that end a generation
+    num_experts: int = 0  # E, experts of a sparse (MoE) layer; 0: every layer is dense
+    num_experts_per_tok: int = 0  # k, experts each token is routed to (MoE)
+    moe_intermediate_size: int = 0  # SwiGLU inner width of one expert (MoE)
+    norm_topk_prob: bool = False  # renormalise the k routing weights to sum to 1 (MoE)
+    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % this == 0 (MoE)
+    mlp_only_layers: tuple[int, ...] = ()  # layers kept dense in an MoE model
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "intermediate_size", "head_dim", "max_position_embeddings", "block_size",
-                     "mask_token_id"):
+                     "mask_token_id", "num_experts", "num_experts_per_tok",
+                     "moe_intermediate_size", "decoder_sparse_step"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -78,6 +85,27 @@ class BackboneConfig:
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
                              f"[0, {self.vocab_size})")
+        object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
+        if self.num_experts:
+            self.check_experts()
+
+    def check_experts(self) -> None:
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be in [1, num_experts = "
+                             f"{self.num_experts}], got {self.num_experts_per_tok}")
+        for name in ("num_experts", "moe_intermediate_size", "decoder_sparse_step"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether any layer is sparse (an SDAR-MoE / Qwen3-MoE model)."""
+        return any(self.is_sparse(layer) for layer in range(self.num_layers))
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has the sparse MLP (Qwen3-MoE's rule)."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
 
 @dataclass(frozen=True)

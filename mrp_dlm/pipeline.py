@@ -20,9 +20,8 @@ from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.decoding.step import Decoder
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
-from mrp_dlm.model.head_loading import load_head
 from mrp_dlm.model.loading import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, embedded_head_dir,
-                                   embedded_model_dir, load_backbone)
+                                   embedded_model_dir, load_backbone, load_head)
 from mrp_dlm.model.release import is_release_dir
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 from mrp_dlm.threads import set_inference_threads

@@ -1,4 +1,5 @@
-"""The SDAR backbone: Qwen3 decoder layers with block-causal attention and no logit shift.
+"""The SDAR backbone: Qwen3 decoder layers with block-causal attention and no logit shift;
+SDAR-MoE's layers take the sparse MLP of `moe.py` where the config says so.
 
 Module and parameter names equal the Hugging Face Qwen3/SDAR names, so a checkpoint's
 state dict loads without renaming. The forward returns the final hidden state (after the
@@ -19,6 +20,7 @@ from torch import nn
 
 from mrp_dlm.config import BackboneConfig
 from mrp_dlm.model.cache import KVCache, LayerCache
+from mrp_dlm.model.moe import SparseMLP
 
 # DecoderLayer, RMSNorm and rotary_tables are the head's building blocks too (`model/head.py`
 # imports them), not API.
@@ -91,14 +93,15 @@ class _MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm Qwen3 layer. The MRP head reuses this class for its own layers."""
+    """One pre-norm Qwen3 layer, with the dense MLP or (`sparse`, Qwen3-MoE) the sparse
+    one. The MRP head reuses this class, dense, for its own layers."""
 
-    def __init__(self, config: BackboneConfig) -> None:
+    def __init__(self, config: BackboneConfig, sparse: bool = False) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = _Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = _MLP(config)
+        self.mlp = SparseMLP(config) if sparse else _MLP(config)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor, cache: LayerCache | None = None,
@@ -113,12 +116,14 @@ class _DecoderStack(nn.Module):
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, config.is_sparse(i))
+                                    for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class Backbone(nn.Module):
-    """SDARForCausalLM / Qwen3ForCausalLM with same-position logits."""
+    """SDARForCausalLM / Qwen3ForCausalLM (SDARMoeForCausalLM / Qwen3MoeForCausalLM when the
+    config has experts) with same-position logits."""
 
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__()

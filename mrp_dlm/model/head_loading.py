@@ -5,7 +5,8 @@ saved with it).
 The fingerprint names the backbone a head was trained on. Loading a head onto a backbone
 it does not fit fails with a message that lists every field that differs.
 
-Deliberately not here: the head module (see `head.py`) and backbone checkpoints.
+Deliberately not here: the head module (see `head.py`), backbone checkpoints, and the
+release layout's head (`release.py`; `loading.load_head` reads either).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from safetensors.torch import save_file
 from mrp_dlm.config import HeadConfig
 from mrp_dlm.files import write_atomic
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.files import SINGLE_FILE, CheckpointError, copy_shard, read_json
 from mrp_dlm.model.head import MRPHead
-from mrp_dlm.model.loading import SINGLE_FILE, CheckpointError, copy_shard, read_json
 
 HEAD_KIND = "mrp-head"
 # What the head attends to, saved with it. Heads saved before the key existed attended to
@@ -114,15 +115,11 @@ def mismatch_message(directory: Path, differences: list[str], dtype: torch.dtype
             + "; ".join(differences))
 
 
-def load_head(directory: str | Path, backbone: Backbone, block_size: int | None = None,
-              block_only: bool = False) -> MRPHead:
-    """Load a head for `backbone` (same dtype and device), checking the fingerprint;
-    `block_only`: also a head saved before heads attended to the context (to fine-tune)."""
-    from mrp_dlm.model import release  # the published MRP layout; it imports this module
-
-    directory = Path(directory)
-    if release.is_release_dir(directory):
-        return release.load_release_head(directory, backbone, block_size)
+def load_saved_head(directory: Path, backbone: Backbone, block_size: int | None = None,
+                    block_only: bool = False) -> MRPHead:
+    """Load a head saved by `save_head` for `backbone` (same dtype and device), checking the
+    fingerprint; `block_only`: also a head saved before heads attended to the context (to
+    fine-tune). Either layout: `loading.load_head`."""
     config, saved = read_head_meta(directory, block_only)
     differences = saved.differences(fingerprint_of(backbone, block_size))
     if differences:

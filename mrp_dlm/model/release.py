@@ -20,12 +20,12 @@ embedding and lm_head under `mrp_modules.0`; when a file holds them they are not
 head uses its backbone's). A release carries no fingerprint file: the head's fingerprint is
 built from config.json and the file's own lm_head, then checked as ours is.
 
-The loaders of our layouts dispatch here (`loading.read_config`, `load_backbone`,
-`head_loading.load_head`); `Pipeline.load` takes a release's head from its own directory.
+The facade above both layouts dispatches here (`loading.read_config`, `load_backbone`,
+`load_head`); `Pipeline.load` takes a release's head from its own directory.
 SGLang knows only `SDARForCausalLM`, so `mrp serve` serves a release through a view of it
 (`write_sdar_view`).
 
-Deliberately not here: our own layouts (see `loading.py`, `head_loading.py`), the head
+Deliberately not here: our own layouts (see `hf_config.py`, `head_loading.py`), the head
 module (see `head.py`), and the serving launch (see `serving/launch.py`).
 
 Shapes: H hidden, V vocab.
@@ -44,15 +44,17 @@ from safetensors import safe_open
 from mrp_dlm.config import HeadConfig
 from mrp_dlm.files import write_atomic
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.files import CheckpointError, copy_tensors, read_json, save_tensors, weight_files
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 from mrp_dlm.model.head_loading import (Fingerprint, fingerprint_of, lm_head_hash,
                                         mismatch_message, read_head_meta)
-from mrp_dlm.model.loading import (CheckpointError, config_to_hf, copy_tensors, read_config,
-                                   read_json, save_tensors, weight_files)
+from mrp_dlm.model.hf_config import MOE_MODEL_TYPES, config_from_dir, config_to_hf
+from mrp_dlm.model.moe import published_tensors
 from mrp_dlm.model.tokenizer import TOKENIZER_FILES
 
 RELEASE_ARCHITECTURE = "SDARMRPForCausalLM"  # config.json `architectures` of a release
 SDAR_ARCHITECTURE = "SDARForCausalLM"  # what an engine that knows SDAR only is shown
+SDAR_MOE_ARCHITECTURE = "SDARMoeForCausalLM"  # the same for an MoE backbone
 # The official configs carry block_size (16: every published head is trained at block 16);
 # a release config without it is taken to be one of those, not SDAR's default 4.
 RELEASE_BLOCK_SIZE = 16
@@ -137,7 +139,8 @@ def read_lm_head(directory: Path, tied: bool) -> torch.Tensor:
 
 def release_fingerprint(directory: Path) -> Fingerprint:
     """What the release's head depends on, from its config and its own lm_head."""
-    config = read_config(directory)
+    config = config_from_dir(directory, backbone_config(read_json(directory / "config.json"),
+                                                        directory))
     lm_head = read_lm_head(directory, config.tie_word_embeddings)  # (V, H)
     return Fingerprint(hidden_size=config.hidden_size, vocab_size=config.vocab_size,
                        num_layers=config.num_layers, block_size=config.block_size,
@@ -149,7 +152,7 @@ def release_fingerprint(directory: Path) -> Fingerprint:
 def load_release_head(directory: Path, backbone: HeadBackbone,
                       block_size: int | None = None) -> MRPHead:
     """The head of a release directory for `backbone` (same dtype and device), checked as
-    `head_loading.load_head` checks ours: shape, block size, mask id and lm_head."""
+    `head_loading.load_saved_head` checks ours: shape, block size, mask id and lm_head."""
     depth = head_depth(read_json(directory / "config.json"), directory / "config.json")
     differences = release_fingerprint(directory).differences(fingerprint_of(backbone, block_size))
     param = backbone.lm_head.weight
@@ -188,7 +191,7 @@ def export_release(backbone: Backbone, head: MRPHead, directory: Path,
     names = release_names(head)
     tensors.update({names[name]: p.detach().to("cpu").contiguous()
                     for name, p in head.named_parameters()})
-    save_tensors(tensors, directory)
+    save_tensors(published_tensors(tensors), directory)
     config = release_config(backbone, head)
     write_atomic(directory / "config.json", lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
     for name in (*TOKENIZER_FILES, *EXTRA_FILES) if source is not None else ():
@@ -197,9 +200,11 @@ def export_release(backbone: Backbone, head: MRPHead, directory: Path,
 
 
 def sdar_view_config(raw: dict, directory: Path) -> dict:
-    """A release's config.json as a plain SDAR checkpoint's: architecture renamed, block
-    size filled in, and no auto_map (the view ships no custom code)."""
-    view = {**backbone_config(raw, directory), "architectures": [SDAR_ARCHITECTURE]}
+    """A release's config.json as a plain SDAR (or SDAR-MoE) checkpoint's: architecture
+    renamed, block size filled in, and no auto_map (the view ships no custom code)."""
+    moe = raw.get("model_type") in MOE_MODEL_TYPES
+    view = {**backbone_config(raw, directory),
+            "architectures": [SDAR_MOE_ARCHITECTURE if moe else SDAR_ARCHITECTURE]}
     view.pop("auto_map", None)
     return view
 

@@ -25,7 +25,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from mrp_dlm.model.loading import CheckpointError, read_json
+from mrp_dlm.model.files import CheckpointError, read_json
 
 log = logging.getLogger(__name__)
 

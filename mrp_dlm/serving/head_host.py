@@ -23,9 +23,10 @@ from typing import Any, Callable, Optional
 import torch
 
 from mrp_dlm.config import BackboneConfig
+from mrp_dlm.model.files import read_json
 from mrp_dlm.model.head import MRPHead
-from mrp_dlm.model.head_loading import load_head
-from mrp_dlm.model.loading import config_from_hf, read_json
+from mrp_dlm.model.hf_config import config_from_hf
+from mrp_dlm.model.loading import load_head
 from mrp_dlm.serving.config import BlockFacts
 
 

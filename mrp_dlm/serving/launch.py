@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from mrp_dlm.model.loading import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
+from mrp_dlm.model.files import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
 from mrp_dlm.model.release import backbone_config, is_release_dir, release_fingerprint
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
@@ -178,7 +178,7 @@ def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
 def check_head_fits(head: Path, model_dir: Path, dtype: str) -> None:
     """Refuse a head trained on another backbone now, in one line, instead of in SGLang's
     traceback after it has started (half a minute on a CPU). The same fingerprint check as
-    `head_loading.load_head`, on the checkpoint's files: its config and its lm_head tensor
+    `loading.load_head`, on the checkpoint's files: its config and its lm_head tensor
     (the one tensor read; no model is built)."""
     import torch
 

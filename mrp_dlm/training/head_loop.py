@@ -39,8 +39,9 @@ from mrp_dlm.config import HeadConfig, HeadTrainConfig
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 from mrp_dlm.model.head import MRPHead
-from mrp_dlm.model.head_loading import load_head, save_head
-from mrp_dlm.model.loading import SINGLE_FILE, embedded_model_dir, load_backbone
+from mrp_dlm.model.files import SINGLE_FILE
+from mrp_dlm.model.head_loading import save_head
+from mrp_dlm.model.loading import embedded_model_dir, load_backbone, load_head
 from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
 from mrp_dlm.training.conversations import ChatEncoder
 from mrp_dlm.training.data import (BatchSchedule, PackedBatch, Sample, SpecialIds, derive_seed,

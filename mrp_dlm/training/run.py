@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from mrp_dlm.config import RunConfig
 from mrp_dlm.files import write_atomic
-from mrp_dlm.model.loading import weight_files
+from mrp_dlm.model.files import weight_files
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from mrp_dlm.config import BackboneConfig, DecodeConfig
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.sampling import truncate
 from mrp_dlm.decoding.strategies import StrategyDecoder
-from mrp_dlm.model.loading import CheckpointError, load_backbone
+from mrp_dlm.model.files import CheckpointError
+from mrp_dlm.model.loading import load_backbone
 from reference import even_quotas, reference_decode, reference_generate, robust_case, truncated
 
 MODES = ("static", "dynamic", "sequential", "entropy")

@@ -32,9 +32,10 @@ from mrp_dlm.decoding import remask
 from mrp_dlm.decoding.driver import DecodeResult, generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.files import CheckpointError
 from mrp_dlm.model.head import MRPHead
-from mrp_dlm.model.head_loading import load_head, save_head
-from mrp_dlm.model.loading import CheckpointError
+from mrp_dlm.model.head_loading import save_head
+from mrp_dlm.model.loading import load_head
 from reference import reference_decode, reference_generate, robust_case
 from reference_mrp import reference_mrp_generate
 

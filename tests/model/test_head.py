@@ -10,10 +10,11 @@ import torch
 
 from mrp_dlm.config import HeadConfig
 from mrp_dlm.model.cache import KVCache
+from mrp_dlm.model.files import CheckpointError
 from mrp_dlm.model.head import HeadAttention, KeyRecorder, MRPHead
+from mrp_dlm.model.head_loading import save_head
+from mrp_dlm.model.loading import load_head
 from mrp_dlm.model.masks import block_causal_mask, copies_mask
-from mrp_dlm.model.head_loading import load_head, save_head
-from mrp_dlm.model.loading import CheckpointError
 
 B, L = 3, 4
 

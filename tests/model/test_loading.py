@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, SDAR_STOP_TOKEN_IDS
 from mrp_dlm.model.backbone import Backbone
-from mrp_dlm.model.loading import (INDEX_FILE, SINGLE_FILE, CheckpointError, load_backbone,
-                                   read_config, save_backbone)
+from mrp_dlm.model.files import INDEX_FILE, SINGLE_FILE, CheckpointError
+from mrp_dlm.model.loading import load_backbone, read_config, save_backbone
 from mrp_dlm.model.tokenizer import load_tokenizer
 
 SDAR_MODELS = ["sdar-4b-chat", "sdar-8b-chat"]

@@ -23,9 +23,10 @@ from conftest import random_backbone, random_head, tiny_config
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.model.backbone import Backbone
+from mrp_dlm.model.files import CheckpointError
 from mrp_dlm.model.head import MRPHead
-from mrp_dlm.model.head_loading import load_head, save_head
-from mrp_dlm.model.loading import CheckpointError, load_backbone, read_config, save_backbone
+from mrp_dlm.model.head_loading import save_head
+from mrp_dlm.model.loading import load_backbone, load_head, read_config, save_backbone
 from mrp_dlm.model.release import (RELEASE_BLOCK_SIZE, export_release, is_release_dir,
                                    release_names, sdar_view_config, write_sdar_view)
 from mrp_dlm.pipeline import Pipeline

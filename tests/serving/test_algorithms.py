@@ -48,7 +48,7 @@ from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
 from mrp_dlm.model.head_loading import save_head  # noqa: E402
-from mrp_dlm.model.loading import CheckpointError  # noqa: E402
+from mrp_dlm.model.files import CheckpointError  # noqa: E402
 from mrp_dlm.serving.config import ServingConfigError  # noqa: E402
 from mrp_dlm.serving.direct import MrpDirect  # noqa: E402
 from mrp_dlm.serving.remask import MrpRemask  # noqa: E402

@@ -36,8 +36,8 @@ from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.model.loading import load_backbone  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
-from mrp_dlm.model.head_loading import load_head, save_head  # noqa: E402
-from mrp_dlm.model.loading import save_backbone  # noqa: E402
+from mrp_dlm.model.head_loading import save_head  # noqa: E402
+from mrp_dlm.model.loading import load_head, save_backbone  # noqa: E402
 from reference import reference_decode, robust_case  # noqa: E402
 from mrp_dlm.serving.head_pool import head_bytes_per_token  # noqa: E402
 from reference_mrp import reference_mrp_generate  # noqa: E402

@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 from mrp_dlm import cli
 from mrp_dlm.config import HeadConfig, HeadTrainConfig
+from mrp_dlm.model.files import CheckpointError
 from mrp_dlm.model.head import MRPHead
-from mrp_dlm.model.head_loading import load_head
-from mrp_dlm.model.loading import CheckpointError, load_backbone, save_backbone
+from mrp_dlm.model.loading import load_backbone, load_head, save_backbone
 from mrp_dlm.training import head_loop
 from mrp_dlm.training.data import Sample, collate_rows, task_texts
 from mrp_dlm.training.head_batch import encode_batch, run_blocks
