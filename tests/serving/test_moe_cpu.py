@@ -33,8 +33,7 @@ def reference_block(normalize: bool) -> Qwen3MoeSparseMoeBlock:
     return block.eval()
 
 
-def sglang_like(block: Qwen3MoeSparseMoeBlock, normalize: bool, rank: int = 0,
-                world: int = 1) -> SimpleNamespace:
+def sglang_like(block: Qwen3MoeSparseMoeBlock, rank: int = 0, world: int = 1) -> SimpleNamespace:
     """SGLang's block attributes over `block`'s weights: this rank's share of I."""
     gate_up, down = block.experts.gate_up_proj, block.experts.down_proj  # (E, 2I, H), (E, H, I)
     part = slice(rank * I // world, (rank + 1) * I // world)
@@ -56,8 +55,8 @@ def test_stand_in_equals_qwen3_moe(normalize):
     x = torch.randn(T, H, generator=torch.Generator().manual_seed(4))  # (T, H)
     with torch.no_grad():
         expected = block(x[None])[0]  # (T, H)
-        got = sparse_mlp(sglang_like(block, normalize), normalize, x)
-        partial = sum(sparse_mlp(sglang_like(block, normalize, rank, 2), normalize, x)
+        got = sparse_mlp(sglang_like(block), normalize, x)
+        partial = sum(sparse_mlp(sglang_like(block, rank, 2), normalize, x)
                       for rank in (0, 1))
     assert expected.abs().max() > 0.1
     assert (got - expected).abs().max().item() < 1e-6
