@@ -11,10 +11,13 @@ decoding makes, through the library's own code paths (`decoding/driver.py` Block
 - head step: `MRPHead` over its keys of the prefix + `backbone.logits`, what each head draft costs (heads of 1
   and 3 layers on the SDAR shapes; the shipped 3-layer head on the embedded model).
 Sizes: `embedded` (mrp_dlm/assets/embedded and its head, block 16) and randomly initialised
-backbones of the `BACKBONE_PRESETS` shapes sdar-1.7b, sdar-4b and sdar-8b (block 4, SDAR's
+backbones of the `BACKBONE_PRESETS` shapes sdar-1.7b, sdar-4b, sdar-8b and sdar-30b-a3b (the
+MoE: 48 sparse layers, 8 of 128 experts per token, random routing; block 4, SDAR's
 default). Their vocabulary, special ids, RoPE and norm settings come from the published
-configs in ../shared/fixtures (`--fixtures`); no 1.7B config is published there, so that
-shape takes the 4B one's (the same Qwen3 tokenizer).
+configs in ../shared/fixtures (`--fixtures`); no 1.7B or 30B-A3B config is published there,
+so those shapes take the 4B one's (the same Qwen3 tokenizer). The 30B-A3B head is dense
+(layers of `intermediate_size` 6144, docs/design.md), so its head step is timed next to a
+verify copy of the sparse backbone.
 
 Whole or per-layer-scaled. A CPU cannot run the SDAR shapes whole in reasonable time, so
 there the backbone is built with ONE decoder layer at full width and each forward is timed
@@ -84,7 +87,8 @@ from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir  # noqa: E402
 DTYPE = torch.bfloat16
 COPIES = (2, 3, 4, 5, 6, 8)  # M of the timed verify forwards (8: a FreeDave-sized candidate set)
 SDAR_CONFIGS = {"sdar-1.7b": "sdar-4b-chat", "sdar-4b": "sdar-4b-chat",
-                "sdar-8b": "sdar-8b-chat"}  # shape -> published config (fixtures folder)
+                "sdar-8b": "sdar-8b-chat",
+                "sdar-30b-a3b": "sdar-4b-chat"}  # shape -> published config (fixtures folder)
 SIZES = ("embedded", *SDAR_CONFIGS)
 SDAR_HEAD_LAYERS = (1, 3)  # head depths timed on the SDAR shapes
 EMBEDDED_HEAD_LAYERS = 3  # the shipped head (mrp_dlm/assets/embedded-head)
@@ -204,7 +208,7 @@ def random_backbone(config: BackboneConfig, device: str) -> Backbone:
         model.lm_head.weight = model.model.embed_tokens.weight
     with torch.no_grad():
         for param in model.parameters():
-            param.normal_(0.0, INIT_STD) if param.dim() == 2 else param.fill_(1.0)
+            param.normal_(0.0, INIT_STD) if param.dim() >= 2 else param.fill_(1.0)
     return model.eval()
 
 

@@ -265,6 +265,11 @@ BACKBONE_PRESETS: dict[str, dict[str, int | bool]] = {
                     intermediate_size=9728, head_dim=128),
     "sdar-8b": dict(hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
                     intermediate_size=12288, head_dim=128),
+    # SDAR-30B-A3B: every layer sparse, 8 of 128 experts; intermediate_size is the MRP head's
+    "sdar-30b-a3b": dict(hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4,
+                         intermediate_size=6144, head_dim=128, num_experts=128,
+                         num_experts_per_tok=8, moe_intermediate_size=768,
+                         norm_topk_prob=True),
 }
 
 
@@ -330,7 +335,7 @@ class RunConfig:
 class TrainConfig(RunConfig):
     """SDAR block-diffusion training of a backbone: the run (see RunConfig) and the model."""
 
-    preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, sdar-4b or sdar-8b
+    preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, -4b, -8b or -30b-a3b
     model: str | None = None  # backbone checkpoint dir (HF format, with its tokenizer) to train instead of a preset; None: a seeded preset
     block_size: int = 16  # L, diffusion block size the model is trained for
     vocab_size: int = 1024  # size of the tokenizer trained for a preset (ignored with model)

@@ -65,10 +65,13 @@ class TransformersBackbone:
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor,
                  mask: torch.Tensor) -> torch.Tensor:
         """Final hidden states (B, T, H); mask (B, T, T) bool, True where q sees k."""
-        additive = torch.zeros(mask.shape, dtype=torch.float32)  # (B, T, T)
-        additive.masked_fill_(~mask, torch.finfo(torch.float32).min)
-        out = self.hf.model(input_ids=ids, position_ids=positions,
-                            attention_mask=additive[:, None])  # 4D: used as it is
+        B, T = ids.shape
+        if T == 0:  # an empty prefix
+            return torch.zeros(B, 0, self.config.hidden_size)  # (B, 0, H)
+        additive = torch.zeros(B, 1, T, T)  # (B, 1, T, T): 4D, used as it is
+        additive.masked_fill_(~mask.reshape(-1, 1, T, T), torch.finfo(torch.float32).min)
+        out = self.hf.model(input_ids=ids, position_ids=positions, attention_mask=additive,
+                            use_cache=False)
         return out.last_hidden_state
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

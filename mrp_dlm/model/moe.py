@@ -12,7 +12,7 @@ onto slices of the fused tensors, so either layout loads straight into them, and
 
 Dispatch has no per-token loop: the (token, expert) pairs are sorted by expert, and each
 expert multiplies its contiguous run of tokens: one grouped matmul where torch has one that
-this device and shape can run (`torch.nn.functional.grouped_mm`, equal to per-expert
+this device and shape can run (`torch.nn.functional.grouped_mm` on CPU, equal to per-expert
 `F.linear`), else one matmul per active expert.
 
 Shapes: N tokens (B * T flattened), H hidden, E experts, k experts per token, I expert width.
@@ -30,14 +30,16 @@ GATE_UP, DOWN = "experts.gate_up_proj", "experts.down_proj"  # fused names under
 PER_EXPERT = "experts.{e}.{part}_proj.weight"  # the published names under `mlp.`
 GROUPED_MM = getattr(F, "grouped_mm", None)  # torch >= 2.9 (CPU float32 too)
 ALIGN_BYTES = 16  # grouped_mm needs every stride a multiple of this
+GROUPED_DTYPES = (torch.float32, torch.bfloat16)  # checked equal to F.linear on CPU
 
 
 def can_group(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `grouped_mm` runs x (M, K) against weight (E, N, K) here: CPU in any float
-    dtype, CUDA in bfloat16 (its kernels' only dtype), strides 16-byte aligned."""
+    """Whether `grouped_mm` runs x (M, K) against weight (E, N, K) here: on CPU (float32 and
+    bfloat16 checked equal to per-expert `F.linear`), without autograd, strides 16-byte
+    aligned. CUDA's kernels (bfloat16, SM >= 80) are not yet checked here: per expert."""
     if GROUPED_MM is None or x.dtype != weight.dtype or torch.is_grad_enabled():
         return False
-    if x.device.type != "cpu" and not (x.device.type == "cuda" and x.dtype == torch.bfloat16):
+    if x.device.type != "cpu" or x.dtype not in GROUPED_DTYPES:
         return False
     size = x.element_size()
     return all(n * size % ALIGN_BYTES == 0 for n in (x.shape[-1], weight.shape[1]))

@@ -190,3 +190,29 @@ def test_loading_streams_shard_by_shard(tmp_path):
     ratio = (measured["peak"] - measured["before"]) / size
     print(f"MoE load: peak RSS +{ratio:.3f}x a {size / 1e6:.0f} MB checkpoint")
     assert ratio <= 1.3, (measured, size)
+
+
+# SDAR-30B-A3B-Chat's config.json, its keys that matter (from the published file's copy in
+# issue 35; no fixture of it is in ../shared): no block_size, no mask_token_id.
+SDAR_30B_A3B = {"architectures": ["SDARMoeForCausalLM"], "model_type": "sdar_moe",
+                "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 48,
+                "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                "mlp_only_layers": [], "tie_word_embeddings": False, "rope_theta": 1000000.0,
+                "rms_norm_eps": 1e-6, "hidden_act": "silu", "eos_token_id": 151645}
+
+
+def test_the_published_30b_a3b_shape_has_its_tensor_count_and_size(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(SDAR_30B_A3B))
+    (tmp_path / "added_tokens.json").write_text(json.dumps({"<|MASK|>": 151669}))
+    config = read_config(tmp_path)
+    assert (config.head_dim, config.mask_token_id, config.block_size) == (128, 151669, 4)
+    with torch.device("meta"):
+        model = type(moe_model())(config)
+    tensors = moe.published_tensors(dict(model.named_parameters()))
+    assert len(tensors) == 18_867  # the published index's tensor count
+    assert "model.layers.47.mlp.experts.127.down_proj.weight" in tensors
+    assert tuple(tensors["model.layers.0.mlp.gate.weight"].shape) == (128, 2048)
+    bf16_bytes = 2 * sum(tensor.numel() for tensor in tensors.values())
+    assert round(bf16_bytes / 1e9, 2) == 61.06  # the published 61.06 GB
