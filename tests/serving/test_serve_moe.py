@@ -79,7 +79,10 @@ def ours(checkpoint, config: DecodeConfig) -> tuple[list[list[int]], list[int]]:
     model = load_backbone(checkpoint / "model")
     head = load_head(checkpoint / "head", model) if config.mode != "dynamic" else None
     rows = prompts(model.config.vocab_size)
-    decode = lambda: generate(model, rows, config, make_decoder(config, head)).token_ids  # noqa: E731
+
+    def decode() -> list[list[int]]:
+        return generate(model, rows, config, make_decoder(config, head)).token_ids
+
     want = decode()
     return want, stable_rows(model, decode, want)
 
