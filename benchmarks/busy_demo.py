@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from mrp_dlm.eval.defaults import DEMO_PROBLEMS  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
 
-# The demo child: the CLI, with the thread choice logged at INFO so the parent can read it.
+# The child: the CLI, with the thread choice logged at INFO so the parent can read it.
 CHILD = ("import logging, sys; logging.getLogger('mrp_dlm.threads').setLevel(logging.INFO); "
          "from mrp_dlm.cli import main; sys.exit(main(sys.argv[1:]))")
 SPINNER = "while True: pass"
@@ -92,13 +92,19 @@ def run_demo(condition: str, args: argparse.Namespace,
     argv = ["demo", "--problems", str(args.problems)]
     if args.threads is not None:
         argv += ["--threads", str(args.threads)]
+    return run_mrp(condition, argv, args.timeout, spinner)
+
+
+def run_mrp(condition: str, argv: list[str], timeout: float,
+            spinner: subprocess.Popen | None) -> Run:
+    """`mrp ARGV` in a fresh subprocess: its wall and CPU time, threads, background load."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy_before, spinner_before = busy_seconds(), spinner and process_cpu_seconds(spinner.pid)
     start = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-c", CHILD, *argv], env=env, cwd=REPO,
-                              capture_output=True, text=True, timeout=args.timeout)
+                              capture_output=True, text=True, timeout=timeout)
         returncode, stderr = proc.returncode, proc.stderr
     except subprocess.TimeoutExpired as expired:
         returncode, stderr = -9, (expired.stderr or b"").decode(errors="replace")
@@ -113,7 +119,8 @@ def run_demo(condition: str, args: argparse.Namespace,
         background = round(max(busy_after - busy_before - demo_cpu - spun, 0.0) / wall, 2)
     match = THREADS_LOG.search(stderr)
     if returncode != 0:
-        print(f"{condition}: mrp demo exited {returncode}\n{stderr[-2000:]}", file=sys.stderr)
+        print(f"{condition}: mrp {argv[0]} exited {returncode}\n{stderr[-2000:]}",
+              file=sys.stderr)
     return Run(condition, round(wall, 2), round(demo_cpu, 2), match.group(1) if match else "?",
                background, returncode)
 

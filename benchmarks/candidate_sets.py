@@ -5,7 +5,7 @@ Not a test (never collected by pytest). Decodes the first `--problems` test prob
 each task (chat template, greedy, batch `--batch`) with speculative decoding, K = 3, at
 each τ and draft source (`--drafters`: head drafts or self-drafts), once per set size:
 - `c` = 1..4: every round drafts K from the source (a fixed plan) with a set of c
-  candidates per later draft (`DraftPlanner.forced_size`, the test hook);
+  candidates per later draft (`tests/planners.py`: FixedSets);
 - `auto`: the library's own decoder (adaptive: plan and set size from its measured
   acceptance, hit rates and costs).
 Every config is decoded `--repeats` times, interleaved (all configs once, then again), and
@@ -34,10 +34,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from mrp_dlm.config import DecodeConfig  # noqa: E402
-from mrp_dlm.decoding.candidates import MOST_CANDIDATES  # noqa: E402
-from mrp_dlm.decoding.drafting import HEAD, SELF, RoundCosts  # noqa: E402
+from mrp_dlm.decoding.costs import HEAD, SELF  # noqa: E402
+from mrp_dlm.decoding.drafting import MOST_SET  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.decoding.speculative import SpeculativeDecoder  # noqa: E402
@@ -45,6 +46,7 @@ from mrp_dlm.decoding.stats import DecodeStats  # noqa: E402
 from mrp_dlm.eval import provenance  # noqa: E402
 from mrp_dlm.tasks.registry import get_task  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
+from planners import FixedSets  # noqa: E402
 
 LOOKAHEAD = 3
 AUTO = "auto"
@@ -56,10 +58,8 @@ def fixed_decoder(config: DecodeConfig, pipe: Pipeline, size: int,
     planner still counts verdicts and alternative hits (adaptive, no cost probe)."""
     decoder = make_decoder(config, pipe.head_for(config))
     source = HEAD if decoder.head is not None else SELF
-    planner = decoder.planner
-    planner.plan = lambda key: (source,) * LOOKAHEAD  # instance override: the fixed plan
-    planner.costs.update(dict.fromkeys(range(1, batch + 1), RoundCosts(0.0, 0.0)))  # no probe
-    planner.forced_size = size
+    decoder.planner = FixedSets(size, LOOKAHEAD, adaptive=True, head=decoder.head is not None,
+                                sources=(source,) * LOOKAHEAD, keys=range(1, batch + 1))
     return decoder
 
 
@@ -80,7 +80,7 @@ def hit_rates(decoder: SpeculativeDecoder, size: int) -> tuple[float, float]:
     planner = decoder.planner
     tried = sum(sum(a.tried) for a in planner.acceptance.values())
     accepted = sum(sum(a.accepted) for a in planner.acceptance.values())
-    rescued = sum(sum(s.hits[:size - 1]) for s in planner.spares.values())
+    rescued = sum(sum(s.hits[:size - 1]) for s in planner.hits.values())
     return accepted / max(tried, 1), (accepted + rescued) / max(tried, 1)
 
 
@@ -104,7 +104,7 @@ def measure(pipe: Pipeline, prompts: list[list[int]], args: argparse.Namespace) 
         key, base = (threshold, drafter, size), (threshold, drafter, 1)
         stats, ids = runs[key]
         decoder = decoders[key][1]
-        alone, in_set = hit_rates(decoder, MOST_CANDIDATES if size == AUTO else size)
+        alone, in_set = hit_rates(decoder, MOST_SET if size == AUTO else size)
         rows.append({"threshold": threshold, "drafter": drafter, "size": size,
                      "draft_hit": round(alone, 4), "set_hit": round(in_set, 4),
                      "rescued_rounds": stats.rescued, "rounds": stats.rounds,
@@ -140,7 +140,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--thresholds", default="0.9,1.0", help="comma-separated τ values")
     parser.add_argument("--drafters", default="head,self", help="comma-separated sources")
     parser.add_argument("--sizes", default=f"1,2,3,4,{AUTO}",
-                        help=f"comma-separated set sizes (1-{MOST_CANDIDATES}) or {AUTO!r}")
+                        help=f"comma-separated set sizes (1-{MOST_SET}) or {AUTO!r}")
     parser.add_argument("--batch", type=int, default=1, help="rows decoded together")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved timed passes")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")

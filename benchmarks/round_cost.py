@@ -249,7 +249,7 @@ def block_context(built: Built, batch: int, prefix: int, device: str) -> BlockCo
     key_valid = torch.ones(batch, slots, dtype=torch.bool, device=device)  # (B, S)
     active = torch.ones(batch, dtype=torch.bool, device=device)  # (B,)
     return BlockContext(built.model, cache, schedule, prefix, positions, key_valid, active,
-                        Counters.start(1, device))  # no acceptance histogram: timing only
+                        Counters.start(device))
 
 
 def head_keys(context: BlockContext, layers: int) -> HeadAttention:

@@ -2,7 +2,7 @@
 
 Not a test (never collected by pytest). On standard normal logits at temperature 0.7 (a
 top-p 0.95 nucleus of ~89k tokens) times, interleaved, best of the repeats: the greedy step
-(softmax + max), the tempered softmax, and each stage `sampling.top_p_tokens` runs (the
+(softmax + max), the tempered softmax, and each stage `cpu_sampling.top_p_tokens` runs (the
 screen's set maxima and the largest probability from them: the wideness test; the screened
 race given the set maxima; `nucleus.inside_nucleus`; the floor path on the rows whose winner
 it cannot keep, given their screen bounds), and the stages that path replaced (the
@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO))
 from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus  # noqa: E402
 from mrp_dlm.decoding.race import (race_screened, row_maxima, screen_bounds,  # noqa: E402
                                    set_maxima, token_keys)
-from mrp_dlm.decoding.sampling import (GREEDY, SamplingConfig, full_distribution,  # noqa: E402
-                                       truncated_candidates, unsettled_tokens)
+from mrp_dlm.decoding.cpu_sampling import truncated_top_tokens, unsettled_tokens  # noqa: E402
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, full_distribution  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
 
 TOP_P = 0.95
@@ -65,7 +65,7 @@ def stages(B: int, L: int, V: int) -> dict:
             "inside_nucleus": lambda: inside_nucleus(probs, winners, TOP_P),
             f"floor path ({len(outside)} rows)":
                 lambda: unsettled_tokens(probs[outside], keys[outside], sampling, bounds[outside]),
-            "replaced: candidate attempt": lambda: truncated_candidates(probs, 0, TOP_P),
+            "replaced: candidate attempt": lambda: truncated_top_tokens(probs, 0, TOP_P),
             "replaced: nucleus floor": lambda: nucleus(probs, TOP_P)}
 
 

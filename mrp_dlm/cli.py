@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -22,9 +23,19 @@ from mrp_dlm.serving.serve_config import ServeConfig
 from mrp_dlm.tasks.registry import TASK_NAMES
 
 
+def add_revision_flags(parser: argparse.ArgumentParser) -> None:
+    """--revision and --head-revision: a hub id's branch, tag or commit (hub.py)."""
+    parser.add_argument("--revision", default=None,
+                        help="branch, tag or commit of a hub id --model (default: main)")
+    parser.add_argument("--head-revision", default=None,
+                        help="branch, tag or commit of a hub id --head (default: main)")
+
+
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="checkpoint directory (HF format); default: the embedded model")
+                        help="checkpoint directory (HF format) or hub id (org/name, fetched "
+                             "into the HF_HOME cache); default: the embedded model")
+    add_revision_flags(parser)
     parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPE_NAMES),
                         help=f"weights and activations dtype (default: {DEFAULT_DTYPE})")
     parser.add_argument("--device", default=DEFAULT_DEVICE,
@@ -32,8 +43,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mask-token-id", type=int, default=None,
                         help="override the mask token id of the checkpoint")
     parser.add_argument("--head", default=None,
-                        help="MRP head directory for the direct, speculative and remask modes "
-                             "(default: the embedded head with the embedded model)")
+                        help="MRP head directory or hub id for the direct, speculative and "
+                             "remask modes (default: the embedded head with the embedded model)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default or 0: chosen by model size, unless "
                              "OMP_NUM_THREADS or MKL_NUM_THREADS is set)")
@@ -43,11 +54,25 @@ def load_pipeline(args: argparse.Namespace, block_size: int | None):
     from mrp_dlm.pipeline import Pipeline
 
     return Pipeline.load(args.model, args.dtype, args.device, args.mask_token_id, block_size,
-                         args.head, args.threads)
+                         args.head, args.threads, args.revision, args.head_revision)
+
+
+def check_before_load(args: argparse.Namespace, config: DecodeConfig) -> None:
+    """What needs no weights, checked before they load: --threads, and `config` against the
+    model's config.json (a lookahead beyond its block, say) when --model names a local
+    directory or is left out (the load itself reports any other --model)."""
+    if args.threads is not None and args.threads < 0:
+        raise ValueError(f"--threads must be >= 0 (0: chosen by model size), got {args.threads}")
+    from mrp_dlm.model.loading import embedded_model_dir, read_config
+
+    directory = Path(args.model) if args.model is not None else embedded_model_dir()
+    if (directory / "config.json").is_file():
+        config.resolve(read_config(directory, args.mask_token_id))
 
 
 def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
     config = build_dataclass(DecodeConfig, args, decode_fields)
+    check_before_load(args, config)
     pipe = load_pipeline(args, config.block_size)
     out = pipe.generate([args.prompt], config, chat=args.chat)
     stats = out.stats
@@ -68,7 +93,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     check_export_dir(out, args.force)
-    pipe = Pipeline.load(args.model, args.dtype, head=args.head)
+    pipe = Pipeline.load(args.model, args.dtype, head=args.head, revision=args.revision,
+                         head_revision=args.head_revision)
     if pipe.head is None:
         raise ValueError(f"{pipe.directory} has no MRP head to export with it: give --head DIR")
     export_release(pipe.model, pipe.head, out, pipe.directory)
@@ -84,11 +110,12 @@ def add_export_parser(commands) -> None:
                     "official MRP releases (SDARMRPForCausalLM): config.json, model.safetensors "
                     "and the tokenizer files. Default: the embedded model and its head.")
     export.add_argument("--model", default=None,
-                        help="checkpoint directory (HF format or a release); default: the "
-                             "embedded model")
+                        help="checkpoint directory (HF format or a release) or hub id; default: "
+                             "the embedded model")
     export.add_argument("--head", default=None,
-                        help="MRP head directory (default: the embedded head with the embedded "
-                             "model, a release's own head with a release)")
+                        help="MRP head directory or hub id (default: the embedded head with the "
+                             "embedded model, a release's own head with a release)")
+    add_revision_flags(export)
     export.add_argument("--out", required=True, help="output directory (empty or new)")
     export.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPE_NAMES),
                         help=f"dtype of the written weights (default: {DEFAULT_DTYPE})")
@@ -97,10 +124,12 @@ def add_export_parser(commands) -> None:
 
 
 def training_log():
-    """Training logs where it resumed from and each save at INFO: show them, above the bar."""
+    """Training logs its threads, where it resumed from and each save at INFO: show them,
+    above the bar."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    logging.getLogger("mrp_dlm.training").setLevel(logging.INFO)
+    for name in ("mrp_dlm.training", "mrp_dlm.threads"):
+        logging.getLogger(name).setLevel(logging.INFO)
     return logging_redirect_tqdm()
 
 
@@ -137,9 +166,12 @@ def cmd_distill(args: argparse.Namespace, distill_fields: list[str],
     from mrp_dlm.distill import distill_in_world
     from mrp_dlm.pipeline import Pipeline
 
+    check_before_load(args, decode)
+
     def load(device: str) -> Pipeline:
         return Pipeline.load(args.model, args.dtype, device, args.mask_token_id,
-                             decode.block_size, args.head, args.threads)
+                             decode.block_size, args.head, args.threads, args.revision,
+                             args.head_revision)
 
     report = distill_in_world(config, decode, load, args.device)
     rate = report.tokens / report.seconds if report.seconds else 0.0
@@ -169,6 +201,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from mrp_dlm.eval.demo_table import demo_json, demo_text
 
     check_positive(args, "problems")
+    check_before_load(args, DecodeConfig())
     pipe = load_pipeline(args, None)
     print(f"mrp demo: {pipe.directory}, {args.problems} held-out problems per task")
     report = run_demo(pipe, args.problems, progress=True)
@@ -189,12 +222,15 @@ def check_positive(args: argparse.Namespace, *names: str) -> None:
 def cmd_eval(args: argparse.Namespace, decode_fields: list[str]) -> int:
     from mrp_dlm.eval.provenance import source_of
     from mrp_dlm.eval.runner import evaluate_to_dir, load_examples
-    from mrp_dlm.eval.store import SAMPLES_FILE, SUMMARY_FILE, RunDir, RunIdentity
+    from mrp_dlm.eval.store import (SAMPLES_FILE, SUMMARY_FILE, RunDir, RunIdentity,
+                                    check_covered)
 
     config = build_dataclass(DecodeConfig, args, decode_fields)
     check_positive(args, "limit", "batch_size")
     out = Path(args.out)
     task, examples = load_examples(args.task, args.data, args.limit, out)
+    check_covered(out, [example.uid for example in examples])  # before the model loads
+    check_before_load(args, config)
     pipe = load_pipeline(args, config.block_size)
     run = RunDir(out, RunIdentity(**source_of(task.name, args.data, pipe, args.dtype),
                                   config=config))
@@ -220,12 +256,15 @@ def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
     from mrp_dlm.eval import bench, pareto
     from mrp_dlm.eval.provenance import source_of
     from mrp_dlm.eval.runner import load_examples
+    from mrp_dlm.files import check_fresh_out
 
     bench_defaults(args)
     base = build_dataclass(DecodeConfig, args, decode_fields)
     configs = None if args.grid is None else parse_grid(args.grid, base)  # fails first
     check_positive(args, "limit", "batch_size")
     task, examples = load_examples(args.task, args.data, args.limit, Path(args.out))
+    check_fresh_out(Path(args.out), args.force)  # bench.json, bench.md and the plots
+    check_before_load(args, base)
     pipe = load_pipeline(args, base.block_size)
     configs, dropped = bench.grid_for(pipe, base, configs)
     if dropped:
@@ -311,6 +350,8 @@ def add_eval_parsers(commands) -> dict[str, list[str]]:
                            f"(default: {DEFAULT_GRID}; with --pareto, the Pareto sweeps)")
     grid.add_argument("--json", action="store_true",
                       help="end with the report as one JSON line (as written to bench.json)")
+    grid.add_argument("--force", action="store_true",
+                      help="write into a non-empty --out, replacing the files it writes")
     bench_fields = add_dataclass_flags(
         grid, DecodeConfig, skip=("stop_token_ids", "mode", *sorted(set(VALUE_FIELDS.values()))))
     return {"eval": eval_fields, "bench": bench_fields}
@@ -349,9 +390,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     return parser, fields
 
 
+def interrupt_message(args: argparse.Namespace, error: KeyboardInterrupt,
+                      argv: list[str]) -> str:
+    """Ctrl-C's one line: what the command saved, where, and the command that resumes. A
+    run that saves (training, eval, distill) raises with a message saying what it saved;
+    a bare KeyboardInterrupt means nothing was."""
+    if not str(error):
+        return "interrupted; nothing was saved"
+    if args.command == "train":  # resuming a run takes --resume
+        argv = [arg for arg in argv if arg not in ("--resume", "--no-resume")] + ["--resume"]
+    return f"{error}; resume with: {shlex.join(['mrp', *argv])}"
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser, fields = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     try:
         if args.command == "generate":
@@ -376,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mrp: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as error:  # a resumable run says what it saved
-        print(f"mrp: {error or 'interrupted'}", file=sys.stderr)
+        print(f"mrp: {interrupt_message(args, error, argv)}", file=sys.stderr)
         return 130
     parser.error(f"unknown command {args.command}")
     return 2

@@ -25,7 +25,8 @@ SDAR_BLOCK_SIZE = 4
 SDAR_STOP_TOKEN_IDS = (151645, 151643)
 
 STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only modes
-MRP_MODES = ("direct", "speculative", "remask")  # modes that use an MRP head (speculative can do without)
+# modes that use an MRP head (speculative can do without)
+MRP_MODES = ("direct", "speculative", "remask")
 _LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
 REMASK_RULES = ("chain", "paper")  # see `decoding/remask.py`, `decoding/veto.py`
@@ -41,26 +42,36 @@ DEFAULT_DEVICE = "cpu"  # the device a model loads onto
 class BackboneConfig:
     """Shape of an SDAR/Qwen3 decoder plus the two block-diffusion facts it was trained with."""
 
-    vocab_size: int  # V, rows of the embedding and lm_head
-    hidden_size: int  # H
-    num_layers: int  # decoder layers
-    num_heads: int  # nh, query heads
-    num_kv_heads: int  # nkv, key/value heads (GQA)
-    intermediate_size: int  # SwiGLU inner width
-    head_dim: int = 0  # hd; 0 means hidden_size // num_heads
-    max_position_embeddings: int = 32768  # longest sequence the model accepts
-    rope_theta: float = 1_000_000.0  # RoPE base
-    rms_norm_eps: float = 1e-6  # epsilon of every RMSNorm
-    tie_word_embeddings: bool = False  # lm_head shares the embedding matrix
-    block_size: int = SDAR_BLOCK_SIZE  # block size the model was trained with
-    mask_token_id: int = SDAR_MASK_TOKEN_ID  # id of [MASK]
-    stop_token_ids: tuple[int, ...] = SDAR_STOP_TOKEN_IDS  # ids that end a generation
-    num_experts: int = 0  # E, experts of a sparse (MoE) layer; 0: every layer is dense
-    num_experts_per_tok: int = 0  # k, experts each token is routed to (MoE)
-    moe_intermediate_size: int = 0  # SwiGLU inner width of one expert (MoE)
-    norm_topk_prob: bool = False  # renormalise the k routing weights to sum to 1 (MoE)
-    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % this == 0 (MoE)
-    mlp_only_layers: tuple[int, ...] = ()  # layers kept dense in an MoE model
+    vocab_size: int = field(metadata={"help": "V, rows of the embedding and lm_head"})
+    hidden_size: int = field(metadata={"help": "H"})
+    num_layers: int = field(metadata={"help": "decoder layers"})
+    num_heads: int = field(metadata={"help": "nh, query heads"})
+    num_kv_heads: int = field(metadata={"help": "nkv, key/value heads (GQA)"})
+    intermediate_size: int = field(metadata={"help": "SwiGLU inner width"})
+    head_dim: int = field(default=0, metadata={"help": "hd; 0 means hidden_size // num_heads"})
+    max_position_embeddings: int = field(default=32768, metadata={"help": (
+        "longest sequence the model accepts")})
+    rope_theta: float = field(default=1_000_000.0, metadata={"help": "RoPE base"})
+    rms_norm_eps: float = field(default=1e-6, metadata={"help": "epsilon of every RMSNorm"})
+    tie_word_embeddings: bool = field(default=False, metadata={"help": (
+        "lm_head shares the embedding matrix")})
+    block_size: int = field(default=SDAR_BLOCK_SIZE, metadata={"help": (
+        "block size the model was trained with")})
+    mask_token_id: int = field(default=SDAR_MASK_TOKEN_ID, metadata={"help": "id of [MASK]"})
+    stop_token_ids: tuple[int, ...] = field(default=SDAR_STOP_TOKEN_IDS, metadata={"help": (
+        "ids that end a generation")})
+    num_experts: int = field(default=0, metadata={"help": (
+        "E, experts of a sparse (MoE) layer; 0: every layer is dense")})
+    num_experts_per_tok: int = field(default=0, metadata={"help": (
+        "k, experts each token is routed to (MoE)")})
+    moe_intermediate_size: int = field(default=0, metadata={"help": (
+        "SwiGLU inner width of one expert (MoE)")})
+    norm_topk_prob: bool = field(default=False, metadata={"help": (
+        "renormalise the k routing weights to sum to 1 (MoE)")})
+    decoder_sparse_step: int = field(default=1, metadata={"help": (
+        "layer i is sparse when (i + 1) % this == 0 (MoE)")})
+    mlp_only_layers: tuple[int, ...] = field(default=(), metadata={"help": (
+        "layers kept dense in an MoE model")})
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -112,22 +123,46 @@ class BackboneConfig:
 class DecodeConfig:
     """How to decode: the strategy, its block schedule, sampling and stopping."""
 
-    mode: str = "static"  # decoding method: static, dynamic, sequential, entropy, direct, speculative (lossless: equals dynamic at --threshold, static at 1.0, greedy or seeded sampled), remask
-    block_size: int | None = None  # tokens per block; None means the model's
-    steps: int | None = None  # denoising steps per block; None means block_size
-    threshold: float = 0.9  # dynamic and remask, and the rule speculative reproduces: commit every masked position with confidence > threshold, else the most confident (1.0: static, one per step); remask keeps those the head still finds above it
-    entropy_bound: float = 0.5  # entropy: summed entropy (nats) of one step's commits stays <= this
-    max_new_tokens: int = 128  # generated tokens per prompt (before stop trimming)
-    temperature: float = 0.0  # 0 is greedy; > 0 samples
-    top_k: int = 0  # keep the k most likely tokens when sampling; 0 keeps all
-    top_p: float = 1.0  # nucleus mass kept when sampling
-    seed: int = 0  # sampling seed; a row's draws depend on it and the row's positions only
-    lookahead: int = 3  # direct/speculative: MRP head steps per backbone forward (K)
-    remask_rule: str = "chain"  # remask: chain (keep the step's reveals while the head, run on the reveals before each, still finds it above threshold), paper (the v2 paper's residual veto: send back every proposal whose |C| at its token exceeds remask_delta, the head on the block alone as the official loop)
-    remask_delta: float = 2.0  # δ of the paper remask rules: a proposal is vetoed when |C| at its token exceeds this
-    adaptive: bool = True  # speculative: run per round the drafts (head or self) that the measured acceptance and round costs say pay most (lookahead is the most); off: always lookahead head drafts (self-drafts without a head)
-    drafter: str = "head"  # speculative: head (the MRP head where one is loaded, mixed with self-drafts as adaptive chooses; without a head, self-drafts) or self (self-drafts only, the rule's steps on the seed logits: no head read or run)
-    stop_token_ids: tuple[int, ...] | None = None  # None means the model's stop ids
+    mode: str = field(default="static", metadata={"help": (
+        "decoding method: static, dynamic, sequential, entropy, direct, speculative (lossless: "
+        "equals dynamic at --threshold, static at 1.0, greedy or seeded sampled), remask")})
+    block_size: int | None = field(default=None, metadata={"help": (
+        "tokens per block; None means the model's")})
+    steps: int | None = field(default=None, metadata={"help": (
+        "denoising steps per block; None means block_size")})
+    threshold: float = field(default=0.9, metadata={"help": (
+        "dynamic and remask, and the rule speculative reproduces: commit every masked position with"
+        " confidence > threshold, else the most confident (1.0: static, one per step); remask keeps"
+        " those the head still finds above it")})
+    entropy_bound: float = field(default=0.5, metadata={"help": (
+        "entropy: summed entropy (nats) of one step's commits stays <= this")})
+    max_new_tokens: int = field(default=128, metadata={"help": (
+        "generated tokens per prompt (before stop trimming)")})
+    temperature: float = field(default=0.0, metadata={"help": "0 is greedy; > 0 samples"})
+    top_k: int = field(default=0, metadata={"help": (
+        "keep the k most likely tokens when sampling; 0 keeps all")})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus mass kept when sampling"})
+    seed: int = field(default=0, metadata={"help": (
+        "sampling seed; a row's draws depend on it and the row's positions only")})
+    lookahead: int = field(default=3, metadata={"help": (
+        "direct/speculative: MRP head steps per backbone forward (K)")})
+    remask_rule: str = field(default="chain", metadata={"help": (
+        "remask: chain (keep the step's reveals while the head, run on the reveals before each, "
+        "still finds it above threshold), paper (the v2 paper's residual veto: send back every "
+        "proposal whose |C| at its token exceeds remask_delta, the head on the block alone as the "
+        "official loop)")})
+    remask_delta: float = field(default=2.0, metadata={"help": (
+        "δ of the paper remask rules: a proposal is vetoed when |C| at its token exceeds this")})
+    adaptive: bool = field(default=True, metadata={"help": (
+        "speculative: run per round the drafts (head or self) that the measured acceptance and "
+        "round costs say pay most (lookahead is the most); off: always lookahead head drafts "
+        "(self-drafts without a head)")})
+    drafter: str = field(default="head", metadata={"help": (
+        "speculative: head (the MRP head where one is loaded, mixed with self-drafts as adaptive "
+        "chooses; without a head, self-drafts) or self (self-drafts only, the rule's steps on the "
+        "seed logits: no head read or run)")})
+    stop_token_ids: tuple[int, ...] | None = field(default=None, metadata={"help": (
+        "None means the model's stop ids")})
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -158,8 +193,8 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.top_k < 0 or self.seed < 0:
+            raise ValueError(f"top_k and seed must be >= 0, got {self.top_k} and {self.seed}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
@@ -223,11 +258,12 @@ def check_block_divides(block_size: int, trained: int, what: str) -> None:
 class BlockSchedule:
     """The per-call facts of a decode after defaults are resolved against the model."""
 
-    block_size: int  # L, tokens per block
-    steps: int  # denoising steps per block
-    stop_token_ids: tuple[int, ...]  # ids that end a row
-    mask_token_id: int  # id of [MASK]
-    quotas: tuple[int, ...] = field(init=False)  # n_s per step: even split of L over steps
+    block_size: int = field(metadata={"help": "L, tokens per block"})
+    steps: int = field(metadata={"help": "denoising steps per block"})
+    stop_token_ids: tuple[int, ...] = field(metadata={"help": "ids that end a row"})
+    mask_token_id: int = field(metadata={"help": "id of [MASK]"})
+    quotas: tuple[int, ...] = field(init=False, metadata={"help": (
+        "n_s per step: even split of L over steps")})
 
     def __post_init__(self) -> None:
         base, extra = divmod(self.block_size, self.steps)
@@ -242,8 +278,9 @@ class BlockSchedule:
 class HeadConfig:
     """Shape of the MRP residual head; its width and layer class are the backbone's."""
 
-    num_layers: int = 2  # decoder layers of the head
-    init_std: float = 0.02  # std of the normal init of the head's matrices
+    num_layers: int = field(default=2, metadata={"help": "decoder layers of the head"})
+    init_std: float = field(default=0.02, metadata={"help": (
+        "std of the normal init of the head's matrices")})
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_layers, int) or self.num_layers < 1:
@@ -287,25 +324,45 @@ class RunConfig:
     The training configs below extend it; a field without a default here takes each
     command's own (a backbone and a head train at different rates and lengths)."""
 
-    out: str  # output directory: the weights, train_state.pt, train_config.json and the logs
-    tasks: str = "arith,arith-code"  # comma-separated task names the training data comes from (without --data)
-    data: str | None = None  # training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets folders and task:NAME, each with an optional @WEIGHT (passes per epoch); None: the --tasks
-    skip_bad_rows: bool = False  # skip and count data rows that are not conversations instead of failing on the first
-    train_examples: int = 50000  # training examples drawn from each task
-    seq_len: int = 256  # tokens per packed row, a multiple of the block size
-    batch_size: int = 16  # packed rows per optimizer step, over all processes
-    train_steps: int  # optimizer steps
-    lr: float  # peak learning rate
-    warmup_frac: float = 0.03  # fraction of steps with linear warmup
-    min_lr_ratio: float = 0.1  # the cosine decays to min_lr_ratio * lr
-    weight_decay: float  # AdamW decay, applied to matrices only
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
-    bf16: bool = False  # bfloat16 autocast where the device supports it, else float32 (head training: the frozen backbone's weights too)
-    seed: int = 0  # seeds the init, the data order and every draw of a step (all pure functions of it)
-    log_every: int = 10  # steps between JSONL log lines
-    save_every: int = 250  # steps between checkpoints (the last step always saves)
-    resume: bool = False  # continue from the checkpoint in `out`
-    device: str = "cpu"  # torch device: cpu, cuda or cuda:N (each process's own under torchrun)
+    out: str = field(metadata={"help": (
+        "output directory: the weights, train_state.pt, train_config.json and the logs")})
+    tasks: str = field(default="arith,arith-code", metadata={"help": (
+        "comma-separated task names the training data comes from (without --data)")})
+    data: str | None = field(default=None, metadata={"help": (
+        "training data: comma-separated chat files (.jsonl, .json, .parquet), globs, datasets "
+        "folders and task:NAME, each with an optional @WEIGHT (passes per epoch); None: the "
+        "--tasks")})
+    skip_bad_rows: bool = field(default=False, metadata={"help": (
+        "skip and count data rows that are not conversations instead of failing on the first")})
+    train_examples: int = field(default=50000, metadata={"help": (
+        "training examples drawn from each task")})
+    seq_len: int = field(default=256, metadata={"help": (
+        "tokens per packed row, a multiple of the block size")})
+    batch_size: int = field(default=16, metadata={"help": (
+        "packed rows per optimizer step, over all processes")})
+    train_steps: int = field(metadata={"help": "optimizer steps"})
+    lr: float = field(metadata={"help": "peak learning rate"})
+    warmup_frac: float = field(default=0.03, metadata={"help": (
+        "fraction of steps with linear warmup")})
+    min_lr_ratio: float = field(default=0.1, metadata={"help": (
+        "the cosine decays to min_lr_ratio * lr")})
+    weight_decay: float = field(metadata={"help": "AdamW decay, applied to matrices only"})
+    grad_clip: float = field(default=1.0, metadata={"help": (
+        "max global gradient norm; 0 disables clipping")})
+    bf16: bool = field(default=False, metadata={"help": (
+        "bfloat16 autocast where the device supports it, else float32 (head training: the frozen "
+        "backbone's weights too)")})
+    seed: int = field(default=0, metadata={"help": (
+        "seeds the init, the data order and every draw of a step (all pure functions of it)")})
+    log_every: int = field(default=10, metadata={"help": "steps between JSONL log lines"})
+    save_every: int = field(default=250, metadata={"help": (
+        "steps between checkpoints (the last step always saves)")})
+    resume: bool = field(default=False, metadata={"help": "continue from the checkpoint in `out`"})
+    device: str = field(default="cpu", metadata={"help": (
+        "torch device: cpu, cuda or cuda:N (each process's own under torchrun)")})
+    threads: int | None = field(default=None, metadata={"help": (
+        "torch CPU threads per process (None or 0: chosen by model size as for inference, unless "
+        "OMP_NUM_THREADS or MKL_NUM_THREADS is set)")})
 
     def __post_init__(self) -> None:
         if not self.out:
@@ -320,8 +377,8 @@ class RunConfig:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        for name in ("weight_decay", "grad_clip", "seed"):
-            if getattr(self, name) < 0:
+        for name in ("weight_decay", "grad_clip", "seed", "threads"):
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
@@ -335,13 +392,19 @@ class RunConfig:
 class TrainConfig(RunConfig):
     """SDAR block-diffusion training of a backbone: the run (see RunConfig) and the model."""
 
-    preset: str = "embedded"  # model shape: tiny, embedded, sdar-1.7b, -4b, -8b or -30b-a3b
-    model: str | None = None  # backbone checkpoint dir (HF format, with its tokenizer) to train instead of a preset; None: a seeded preset
-    block_size: int = 16  # L, diffusion block size the model is trained for
-    vocab_size: int = 1024  # size of the tokenizer trained for a preset (ignored with model)
-    train_steps: int = 3000  # optimizer steps
-    lr: float = 2e-3  # peak learning rate
-    weight_decay: float = 0.1  # AdamW decay, applied to matrices only
+    preset: str = field(default="embedded", metadata={"help": (
+        "model shape: tiny, embedded, sdar-1.7b, -4b, -8b or -30b-a3b")})
+    model: str | None = field(default=None, metadata={"help": (
+        "backbone checkpoint dir (HF format, with its tokenizer) to train instead of a preset; "
+        "None: a seeded preset")})
+    block_size: int = field(default=16, metadata={"help": (
+        "L, diffusion block size the model is trained for")})
+    vocab_size: int = field(default=1024, metadata={"help": (
+        "size of the tokenizer trained for a preset (ignored with model)")})
+    train_steps: int = field(default=3000, metadata={"help": "optimizer steps"})
+    lr: float = field(default=2e-3, metadata={"help": "peak learning rate"})
+    weight_decay: float = field(default=0.1, metadata={"help": (
+        "AdamW decay, applied to matrices only")})
 
     def __post_init__(self) -> None:
         if self.preset not in BACKBONE_PRESETS:
@@ -363,13 +426,22 @@ DISTILL_DECODE = DecodeConfig(mode="dynamic", threshold=0.9)
 class DistillConfig:
     """`mrp distill`: the backbone's own answers to prompts, sharded, resumable, seeded."""
 
-    prompts: str  # prompts in the --data syntax: chat files (the turns before the last assistant turn), globs, datasets folders, task:NAME (its train split, --limit problems)
-    out: str  # output folder of shards: {"id", "messages"} rows, the prompt's turns and the backbone's answer
-    batch_size: int = 16  # prompts decoded together by each process
-    shard_rows: int = 10000  # rows per output shard file
-    output_format: str = "jsonl"  # jsonl (append-only, a row per finished prompt) or parquet (needs pyarrow; a shard written whole)
-    limit: int | None = None  # the first N prompts of each source; None: all (a task source needs it)
-    skip_bad_rows: bool = False  # skip and count prompt rows that are not conversations instead of failing on the first
+    prompts: str = field(metadata={"help": (
+        "prompts in the --data syntax: chat files (the turns before the last assistant turn), "
+        "globs, datasets folders, task:NAME (its train split, --limit problems)")})
+    out: str = field(metadata={"help": (
+        "output folder of shards: {\"id\", \"messages\"} rows, the prompt's turns and the "
+        "backbone's answer")})
+    batch_size: int = field(default=16, metadata={"help": (
+        "prompts decoded together by each process")})
+    shard_rows: int = field(default=10000, metadata={"help": "rows per output shard file"})
+    output_format: str = field(default="jsonl", metadata={"help": (
+        "jsonl (append-only, a row per finished prompt) or parquet (needs pyarrow; a shard written "
+        "whole)")})
+    limit: int | None = field(default=None, metadata={"help": (
+        "the first N prompts of each source; None: all (a task source needs it)")})
+    skip_bad_rows: bool = field(default=False, metadata={"help": (
+        "skip and count prompt rows that are not conversations instead of failing on the first")})
 
     def __post_init__(self) -> None:
         if not self.prompts or not self.out:
@@ -390,27 +462,57 @@ class HeadTrainConfig(RunConfig):
     """MRP head training on a frozen backbone: the run (see RunConfig), the head, the
     objective and the held-out metrics."""
 
-    model: str | None = None  # backbone checkpoint dir (HF format, with its tokenizer); it stays frozen; None: the embedded model
-    head_layers: int = HeadConfig.num_layers  # decoder layers of the head
-    init_std: float = HeadConfig.init_std  # std of the normal init of the head's matrices
-    lookahead: int = 1  # K, chained head steps trained per batch (one reveal and teacher each)
-    reveal_rule: str = "random"  # random: a random masked position, true token; static: the backbone's pick; dynamic: the backbone's threshold step at --threshold
-    threshold: float = DecodeConfig.threshold  # τ of the dynamic reveal rule and of the commit loss's teacher step (the decoding threshold; 1.0: static)
-    commit_weight: float = 0.0  # weight of the commit loss: CE of the teacher's next threshold step (positions, tokens) under A + sum C
-    burn_in_max: int = 0  # 0: chains start from SDAR-noised blocks; R > 0: from fully masked responses after 0..R of the backbone's own threshold steps per block (the states decoding visits)
-    init_from: str | None = None  # head dir whose weights start a fresh run (same head_layers); None: a seeded init
-    reveal_max: int = 1  # reveals per block per step, drawn uniformly from 1..reveal_max
-    block_size: int | None = None  # L; None means the model's
-    eval_data: str | None = None  # held-out data in the --data syntax; None: the held-out split of --data (a task's test split)
-    held_out_frac: float = 0.02  # share of --data's file rows (by a hash of each row's id) kept out of training as the held-out split, without --eval-data
-    eval_examples: int = 128  # held-out examples per source (a task's test split) for the metrics
-    eval_prompts: int = 16  # held-out prompts decoded speculatively at each evaluation (accepted drafts per round at --threshold and --lookahead); 0: none
-    eval_new_tokens: int = 64  # tokens generated per held-out prompt for the acceptance metric
-    eval_every: int = 100  # steps between held-out evaluations (the last step always evaluates)
-    grad_checkpointing: bool = False  # recompute the head's layers in the backward pass
-    train_steps: int = 2000  # optimizer steps
-    lr: float = 1e-3  # peak learning rate
-    weight_decay: float = 0.01  # AdamW decay, applied to matrices only
+    model: str | None = field(default=None, metadata={"help": (
+        "backbone checkpoint dir (HF format, with its tokenizer); it stays frozen; None: the "
+        "embedded model")})
+    head_layers: int = field(default=HeadConfig.num_layers, metadata={"help": (
+        "decoder layers of the head")})
+    init_std: float = field(default=HeadConfig.init_std, metadata={"help": (
+        "std of the normal init of the head's matrices")})
+    lookahead: int = field(default=1, metadata={"help": (
+        "K, chained head steps trained per batch (one reveal and teacher each)")})
+    reveal_rule: str = field(default="random", metadata={"help": (
+        "random: a random masked position, true token; static: the backbone's pick; dynamic: the "
+        "backbone's threshold step at --threshold")})
+    threshold: float = field(default=DecodeConfig.threshold, metadata={"help": (
+        "τ of the dynamic reveal rule and of the commit loss's teacher step (the decoding "
+        "threshold; 1.0: static)")})
+    commit_weight: float = field(default=0.0, metadata={"help": (
+        "weight of the commit loss: CE of the teacher's next threshold step (positions, tokens) "
+        "under A + sum C")})
+    burn_in_max: int = field(default=0, metadata={"help": (
+        "0: chains start from SDAR-noised blocks; R > 0: from fully masked responses after 0..R of "
+        "the backbone's own threshold steps per block (the states decoding visits)")})
+    init_from: str | None = field(default=None, metadata={"help": (
+        "head dir whose weights start a fresh run (same head_layers); None: a seeded init")})
+    reveal_max: int = field(default=1, metadata={"help": (
+        "reveals per block per step, drawn uniformly from 1..reveal_max")})
+    block_size: int | None = field(default=None, metadata={"help": (
+        "L; None means the model's")})
+    eval_data: str | None = field(default=None, metadata={"help": (
+        "held-out data in the --data syntax; None: the held-out split of --data (a task's test "
+        "split)")})
+    held_out_frac: float = field(default=0.02, metadata={"help": (
+        "share of --data's file rows (by a hash of each row's id) kept out of training as the "
+        "held-out split, without --eval-data")})
+    eval_examples: int = field(default=128, metadata={"help": (
+        "held-out examples per source (a task's test split) for the metrics")})
+    eval_prompts: int = field(default=16, metadata={"help": (
+        "held-out prompts decoded speculatively at each evaluation (accepted drafts per round at "
+        "--threshold and --lookahead); 0: none")})
+    eval_new_tokens: int = field(default=64, metadata={"help": (
+        "tokens generated per held-out prompt for the acceptance metric")})
+    eval_every: int = field(default=100, metadata={"help": (
+        "steps between held-out evaluations (the last step always evaluates)")})
+    grad_checkpointing: bool = field(default=False, metadata={"help": (
+        "recompute the head's layers in the backward pass")})
+    shard_backbone: bool = field(default=False, metadata={"help": (
+        "under torchrun: shard the frozen backbone's layers over the processes (FSDP2); the head "
+        "stays data-parallel")})
+    train_steps: int = field(default=2000, metadata={"help": "optimizer steps"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": (
+        "AdamW decay, applied to matrices only")})
 
     def __post_init__(self) -> None:
         if self.model == "":

@@ -31,16 +31,18 @@ from pathlib import Path
 from tqdm import tqdm
 
 from mrp_dlm.config import DecodeConfig, DistillConfig
+from mrp_dlm.eval.store import check_out_dir
 from mrp_dlm.pipeline import Pipeline
 from mrp_dlm.training.conversations import ChatEncoder
 from mrp_dlm.training.data import find_special_ids, task_texts
 from mrp_dlm.training.distributed import World, finish_together, join_world, leave_world
 from mrp_dlm.training.records import BadRow, Conversation, RecordFile
-from mrp_dlm.training.sources import parse_sources
+from mrp_dlm.training.sources import Source, parse_sources
 
 log = logging.getLogger(__name__)
 
 SHARD_PREFIX = "part"
+PROMPTS_FLAG = "--prompts"  # the option that names the prompts, in error messages
 
 
 @dataclass
@@ -55,12 +57,28 @@ class DistillReport:
     rank: int = 0  # this process's rank (0 outside torchrun)
 
 
+class DistillInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `distill`: the message says how many answers are saved, and where."""
+
+
+def check_inputs(config: DistillConfig) -> None:
+    """--prompts names sources (tasks with --limit) and --out can be a folder: checked before
+    any model loads, so a typo fails at once."""
+    for source in parse_sources(config.prompts, PROMPTS_FLAG):
+        check_task_limit(source, config.limit)
+    check_out_dir(Path(config.out))
+
+
+def check_task_limit(source: Source, limit: int | None) -> None:
+    if source.task is not None and limit is None:
+        raise ValueError(f"--prompts task:{source.task} needs --limit (problems to take)")
+
+
 def read_prompts(spec: str, limit: int | None) -> Iterator[Conversation]:
     """Every prompt row of the spec in order (a task's: its train split, `limit` problems)."""
-    for source in parse_sources(spec):
+    for source in parse_sources(spec, PROMPTS_FLAG):
         if source.task is not None:
-            if limit is None:
-                raise ValueError(f"task:{source.task} needs --limit (problems to take)")
+            check_task_limit(source, limit)
             problems, _ = task_texts([source.task], limit)
             for index, problem in enumerate(problems):
                 yield Conversation(f"{source.task}:{index}",
@@ -124,6 +142,7 @@ class ShardWriter:
             if self.count == self.config.shard_rows:
                 self.close()
                 self.number, self.count = self.number + 1, 0
+                self.out.mkdir(parents=True, exist_ok=True)  # made with its first row
             self.count += 1
             if self.config.output_format == "jsonl":
                 with self.path().open("a") as handle:  # a row per line, flushed at once
@@ -181,8 +200,7 @@ def distill(config: DistillConfig, decode: DecodeConfig, pipe: Pipeline, world: 
     each batch is written (the CLI's progress bar)."""
     if pipe.tokenizer is None or pipe.tokenizer.chat_template is None:
         raise ValueError(f"{pipe.directory} has no tokenizer with a chat template")
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(config.out)  # made when the first answer is written
     if world.is_main:
         repair_torn_rows(out)
     if world.size > 1:
@@ -194,18 +212,31 @@ def distill(config: DistillConfig, decode: DecodeConfig, pipe: Pipeline, world: 
     report, writer = DistillReport(rank=world.rank), ShardWriter(out, config, world.rank)
     # Every row is read and checked before the first decode: a bad row fails in seconds.
     batches = list(pending_batches(config, encoder, finished_ids(out), world, report))
-    for batch in batches:
-        prompts = [pipe.tokenizer.encode(encoder.prompt_text(c)) for c in batch]
-        started = time.perf_counter()
-        result = pipe.generate_ids(prompts, decode)
-        report.seconds += time.perf_counter() - started
-        writer.add([{"id": c.key, "messages": prompt_turns(c) + [
-            {"role": "assistant", "content": text}]} for c, text in zip(batch, result.texts)])
-        report.written += len(batch)
-        report.tokens += result.stats.tokens
-        on_batch(len(batch), result.stats.tokens)
+    try:
+        for batch in batches:
+            on_batch(len(batch), answer_batch(batch, decode, pipe, encoder, writer, report))
+    except KeyboardInterrupt:
+        writer.close()  # a parquet shard keeps the answers so far
+        raise DistillInterrupted(f"interrupted; {report.skipped + report.written} of "
+                                 f"{report.skipped + sum(map(len, batches))} prompts are "
+                                 f"answered in {out}") from None
     writer.close()
     return report
+
+
+def answer_batch(batch: list[Conversation], decode: DecodeConfig, pipe: Pipeline,
+                 encoder: ChatEncoder, writer: ShardWriter, report: DistillReport) -> int:
+    """Decode one batch of prompts, write their rows, count them in `report`; returns the
+    batch's generated tokens."""
+    prompts = [pipe.tokenizer.encode(encoder.prompt_text(c)) for c in batch]
+    started = time.perf_counter()
+    result = pipe.generate_ids(prompts, decode)
+    report.seconds += time.perf_counter() - started
+    writer.add([{"id": c.key, "messages": prompt_turns(c) + [
+        {"role": "assistant", "content": text}]} for c, text in zip(batch, result.texts)])
+    report.written += len(batch)
+    report.tokens += result.stats.tokens
+    return result.stats.tokens
 
 
 def distill_in_world(config: DistillConfig, decode: DecodeConfig,
@@ -213,6 +244,7 @@ def distill_in_world(config: DistillConfig, decode: DecodeConfig,
     """`mrp distill` in this process: join the torchrun world (a world of one outside
     torchrun), load the pipeline on this rank's device (`load(device)`), answer with a
     progress bar on rank 0, wait for every rank, leave the world."""
+    check_inputs(config)
     world = join_world(device)
     try:
         pipe = load(world.device)

@@ -1,4 +1,5 @@
-"""Small file I/O every writer shares: whole files written atomically.
+"""Small file I/O every writer shares: whole files written atomically; an output folder
+that a command would overwrite refused without --force.
 
 Deliberately not here: what any file holds (checkpoints: `model/loading.py`,
 `model/head_loading.py`; training runs: `training/run.py`; eval runs: `eval/store.py`).
@@ -17,3 +18,12 @@ def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     write(tmp)
     os.chmod(tmp, 0o644)  # some writers create 0600 files; checkpoints are meant to be shared
     os.replace(tmp, path)
+
+
+def check_fresh_out(directory: Path, force: bool) -> None:
+    """Refuse an --out that is a file, or a non-empty directory unless forced (`mrp export`,
+    `mrp bench`: they replace the files they write)."""
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"--out {directory} is a file, not a directory")
+    if directory.is_dir() and any(directory.iterdir()) and not force:
+        raise ValueError(f"--out {directory} is not empty; pass --force to overwrite it")

@@ -1,8 +1,8 @@
 """Command-line flags derived from the config dataclasses, so each default exists once.
 
-Every field becomes `--field-name`; its help text is the one-line comment beside the field
-and its default is the dataclass default. Flags the user leaves out are absent from the
-parsed namespace, so the dataclass fills them in.
+Every field becomes `--field-name`; its help text is the field's `metadata["help"]`, else
+the one-line comment beside it, and its default is the dataclass default. Flags the user
+leaves out are absent from the parsed namespace, so the dataclass fills them in.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
         default = spec.default if spec.default is not dataclasses.MISSING else None
         if base is not None:
             default = getattr(base, spec.name)
-        help_text = f"{comments.get(spec.name, '')} (default: {default})"
+        text = spec.metadata.get("help") or comments.get(spec.name, "")
+        help_text = f"{text} (default: {default})"
         flag = "--" + spec.name.replace("_", "-")
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction,

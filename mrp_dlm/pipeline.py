@@ -14,19 +14,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig, check_block_divides
-from mrp_dlm.decoding.driver import generate
+from mrp_dlm.decoding.driver import Decoder, generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
-from mrp_dlm.decoding.step import Decoder
+from mrp_dlm.hub import resolve_checkpoint
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.loading import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, embedded_head_dir,
                                    embedded_model_dir, load_backbone, load_head)
-from mrp_dlm.model.release import is_release_dir
+from mrp_dlm.model.release import check_head_tensors, is_release_dir
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 from mrp_dlm.threads import set_inference_threads
 
 __all__ = ["GenerateOutput", "Pipeline", "embedded_head_dir", "embedded_model_dir"]
+
+
+def _locate(directory: str | Path | None, revision: str | None, head: str | Path | None,
+           head_revision: str | None) -> tuple[Path, Path | None]:
+    """The model's local directory (the embedded model's for None) and the head's (None when
+    not given), each a directory or a hub id at its revision (`hub.py`)."""
+    if directory is None and revision is not None:
+        raise ValueError(f"a revision ({revision}) needs a hub id as the model")
+    if head is None and head_revision is not None:
+        raise ValueError(f"a head revision ({head_revision}) needs a hub id as the head")
+    path = resolve_checkpoint(directory, revision) if directory is not None \
+        else embedded_model_dir()
+    if directory is None and not (path / "config.json").is_file():
+        raise FileNotFoundError("no --model given and this install has no embedded model")
+    return path, None if head is None else resolve_checkpoint(head, head_revision, "head")
 
 
 @dataclass
@@ -71,23 +86,25 @@ class Pipeline:
     def load(cls, directory: str | Path | None = None, dtype: str = DEFAULT_DTYPE,
              device: str = DEFAULT_DEVICE, mask_token_id: int | None = None,
              block_size: int | None = None, head: str | Path | None = None,
-             threads: int | None = None) -> "Pipeline":
-        """Load a checkpoint directory; None means the embedded model (and its head). A
-        directory in the published MRP layout (`release.py`) brings its own head.
+             threads: int | None = None, revision: str | None = None,
+             head_revision: str | None = None) -> "Pipeline":
+        """Load a checkpoint directory or hub id (`hub.py`, at `revision`); None means the
+        embedded model (and its head). A directory in the published MRP layout
+        (`release.py`) brings its own head.
 
-        The head is only located here; it is read when an MRP mode first decodes.
+        The head (a directory or hub id, at `head_revision`) is only located here; it is
+        read when an MRP mode first decodes.
         threads: torch's CPU threads; None or 0 chooses by the model's size (`threads.py`).
         """
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-        path = Path(directory) if directory is not None else embedded_model_dir()
-        if directory is None and not (path / "config.json").is_file():
-            raise FileNotFoundError("no --model given and this install has no embedded model")
+        path, head = _locate(directory, revision, head, head_revision)
         model = load_backbone(path, DTYPES[dtype], device, mask_token_id, block_size)
         set_inference_threads(model, device, threads)
         if head is None and directory is None and (embedded_head_dir() / "config.json").is_file():
             head = embedded_head_dir()
         if head is None and is_release_dir(path):  # a release holds its head beside the backbone
+            check_head_tensors(path, model)  # whole, though only the MRP modes read it
             head = path
         return cls(model=model, tokenizer=load_tokenizer(path), directory=path,
                    head_dir=Path(head) if head is not None else None)

@@ -20,8 +20,12 @@ else OMP_NUM_THREADS or MKL_NUM_THREADS, when set, are left in force (torch has 
 them already; they are the standard OpenMP and MKL variables torch reads, and we add none
 of our own); else the rule above. CUDA and other non-CPU devices are left alone.
 
-Deliberately not here: inter-op threads (torch's default is kept), training (`mrp train`
-keeps torch's default: its forwards are large), and process pinning.
+Training (`mrp train head`, `mrp train backbone`, `--threads`) follows the same rule over
+the parameters it runs (backbone and head), with the usable CPUs shared among the processes
+of a CPU data-parallel run: the quick head's forwards are as small as inference's and
+stalled the same way beside a busy process (docs/experiments.md, 2026-12-01).
+
+Deliberately not here: inter-op threads (torch's default is kept) and process pinning.
 """
 
 from __future__ import annotations
@@ -81,7 +85,20 @@ def set_inference_threads(model: torch.nn.Module, device: str,
                           requested: int | None = None) -> ThreadChoice:
     """Choose the threads for inference with `model` on `device`, apply them, log why."""
     parameters = sum(param.numel() for param in model.parameters())
-    choice = choose_threads(requested, parameters, device, os.environ, usable_cpus())
+    return set_threads(parameters, device, requested, usable_cpus())
+
+
+def set_training_threads(modules: list[torch.nn.Module], device: str, requested: int | None,
+                         processes: int = 1) -> ThreadChoice:
+    """The same rule for a training process running `modules` (a frozen backbone and the
+    trained head, say), one of `processes` on this machine sharing its CPUs."""
+    parameters = sum(param.numel() for module in modules for param in module.parameters())
+    return set_threads(parameters, device, requested, max(1, usable_cpus() // processes))
+
+
+def set_threads(parameters: int, device: str, requested: int | None, cpus: int) -> ThreadChoice:
+    """Choose the threads for a model of `parameters` on `cpus`, apply them, log why."""
+    choice = choose_threads(requested, parameters, device, os.environ, cpus)
     if choice.threads is not None:
         torch.set_num_threads(choice.threads)
         log.info("torch threads: %d (%s)", choice.threads, choice.reason)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,8 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
     model_dir, head_dir = saved_model_and_head
     code, out, err = run_cli(capsys, "bench", "--task", "arith-code", "--model", str(model_dir),
                              "--head", str(head_dir), "--grid", "speculative:2@0.5,dynamic:0.5",
-                             "--limit", "2", "--max-new-tokens", "6", "--out", str(tmp_path),
+                             "--limit", "2", "--max-new-tokens", "6", "--out",
+                             str(tmp_path / "bench"),
                              "--json")
     assert code == 0, err
     assert "| arith-code | speculative:2@0.5 |" in out
@@ -115,38 +117,55 @@ def test_bench_writes_table_json_and_plots(saved_model_and_head, tmp_path, capsy
     assert (spec["reproduces"], spec["identical_to_rule"], spec["differing_from_rule"]) == \
         ("dynamic:0.5", 1.0, 0)
     assert report["config"]["head"] == str(head_dir.resolve())
-    assert json.loads((tmp_path / "bench.json").read_text()) == report
+    assert json.loads((tmp_path / "bench" / "bench.json").read_text()) == report
     for name in ("bench.json", "bench.md", "pareto.md", "accuracy_vs_speedup.png",
                  "accuracy_vs_tokens_per_forward.png"):
-        assert (tmp_path / name).is_file()
+        assert (tmp_path / "bench" / name).is_file()
 
 
 def test_bench_pareto_sweeps_every_family_and_judges_it(saved_model_and_head, tmp_path, capsys):
     model_dir, head_dir = saved_model_and_head
     code, out, err = run_cli(capsys, "bench", "--pareto", "--task", "arith", "--model",
                              str(model_dir), "--head", str(head_dir), "--limit", "2",
-                             "--max-new-tokens", "4", "--out", str(tmp_path))
+                             "--max-new-tokens", "4", "--out", str(tmp_path / "bench"))
     assert code == 0, err
     assert "| vs frontier (points) |" in out.splitlines()[0]
     assert out.strip().splitlines()[-1].startswith("wrote ")  # the JSON only with --json
-    report = json.loads((tmp_path / "bench.json").read_text())
+    report = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert report["config"]["batch_size"] == 50
     labels = [row["label"] for row in report["rows"]]
     assert labels[0] == "static" and "direct:4" in labels and "direct:6" not in labels  # block 4
     assert {row["mode"] for row in report["rows"]} == {"static", "dynamic", "direct", "remask",
                                                        "entropy", "speculative"}
-    assert (tmp_path / "pareto.md").is_file()
+    assert (tmp_path / "bench" / "pareto.md").is_file()
 
 
 def test_bench_without_a_head_leaves_mrp_modes_out(saved_model_and_head, tmp_path, capsys):
     model_dir, _ = saved_model_and_head
     code, out, err = run_cli(capsys, "bench", "--task", "arith", "--model", str(model_dir),
                              "--grid", "direct:1,dynamic:0.5", "--limit", "1",
-                             "--max-new-tokens", "4", "--out", str(tmp_path))
+                             "--max-new-tokens", "4", "--out", str(tmp_path / "bench"))
     assert code == 0, err
     assert "note: no MRP head" in out and "direct:1" in out.splitlines()[0]
-    assert [row["label"] for row in json.loads((tmp_path / "bench.json").read_text())["rows"]] \
-        == ["static", "dynamic:0.5"]
+    report = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert [row["label"] for row in report["rows"]] == ["static", "dynamic:0.5"]
+
+
+def test_bench_replaces_an_earlier_report_only_with_force(saved_model_and_head, tmp_path,
+                                                          capsys):
+    model_dir, _ = saved_model_and_head
+    argv = ["bench", "--task", "arith", "--model", str(model_dir), "--grid", "dynamic:0.5",
+            "--limit", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "bench")]
+    assert run_cli(capsys, *argv)[0] == 0
+    written = {path: path.read_bytes() for path in (tmp_path / "bench").iterdir()}
+    code, out, err = run_cli(capsys, *argv, "--grid", "static")
+    assert code == 2 and err == (f"mrp: error: --out {tmp_path / 'bench'} is not empty; pass "
+                                 "--force to overwrite it\n")
+    assert {path: path.read_bytes() for path in (tmp_path / "bench").iterdir()} == written
+    code, out, err = run_cli(capsys, *argv, "--grid", "static", "--force")
+    assert code == 0, err
+    report = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert [row["label"] for row in report["rows"]] == ["static"]
 
 
 BAD_EVAL = {
@@ -283,8 +302,9 @@ def test_eval_interrupted_says_what_is_saved_and_resumes_exactly(saved_model_and
     samples = tmp_path / "run" / "samples.jsonl"
     code, out, err = run_cli(capsys, *argv, str(tmp_path / "run"))
     assert code == 130 and out == "" and "Traceback" not in err
+    resume = shlex.join(["mrp", *argv, str(tmp_path / "run")])
     assert err.splitlines()[-1] == (f"mrp: interrupted; 2 of 4 samples are saved in {samples}; "
-                                    "rerun the same command to resume")
+                                    f"resume with: {resume}")
     monkeypatch.undo()
     code, out, err = run_cli(capsys, *argv, str(tmp_path / "run"))
     assert code == 0 and json.loads(out.splitlines()[-1])["decoded"] == 2

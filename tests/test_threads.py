@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from conftest import run_cli
+from mrp_dlm import threads
 from mrp_dlm.threads import PARAMS_PER_THREAD, auto_threads, choose_threads
+from training.test_head_training import model_dir  # noqa: F401 (a fixture)
 
 M = 1_000_000
 
@@ -87,3 +89,31 @@ def test_negative_flag_fails_cleanly(saved_model_and_head, capsys):
     code, _, err = run_cli(capsys, "generate", "--model", str(model_dir), "--prompt", "7 + 5",
                            "--threads", "-1")
     assert code == 2 and "threads must be >= 0" in err
+
+
+@pytest.mark.parametrize("requested, processes, expected", [(None, 1, 15), (None, 2, 7),
+                                                            (0, 4, 3), (3, 2, 3)])
+def test_training_shares_the_cpus_among_its_processes(monkeypatch, restore_threads, requested,
+                                                      processes, expected):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 16)
+    big = torch.nn.Linear(40_000, 25_000, bias=False, device="meta")  # 1e9 parameters, no memory
+    choice = threads.set_training_threads([big], "cpu", requested, processes)
+    assert choice.threads == expected == torch.get_num_threads()
+
+
+@pytest.mark.parametrize("flag, expected", [(["--threads", "3"], 3), ([], 1)])
+def test_train_head_sets_torch_threads(model_dir, tmp_path, capsys, caplog, monkeypatch,  # noqa: F811
+                                       restore_threads, flag, expected):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(2)
+    with caplog.at_level(logging.INFO, logger="mrp_dlm.threads"):
+        code, _, err = run_cli(capsys, "train", "head", "--model", str(model_dir), "--out",
+                               str(tmp_path / "run"), "--tasks", "arith", "--train-examples",
+                               "8", "--eval-examples", "2", "--eval-prompts", "0", "--seq-len",
+                               "128", "--batch-size", "2", "--train-steps", "1",
+                               "--head-layers", "1", *flag)
+    assert code == 0, err
+    assert torch.get_num_threads() == expected and f"torch threads: {expected}" in caplog.text

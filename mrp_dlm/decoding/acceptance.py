@@ -1,10 +1,11 @@
 """How often drafts stand: per source and depth (`Acceptance`, from each round's
-`verdicts`), and how much of it a batch decoded in lockstep realizes (`Lockstep`). The
-planner (`drafting.py`) reads both.
+`verdicts`), how often a draft's alternatives hold the backbone's step where it did not
+(`AlternativeHits`), and how much of it a batch decoded in lockstep realizes (`Lockstep`).
+The planner (`drafting.py`) reads all three.
 
 Deliberately not here: what to draft (`drafting.py`), the costs of a round.
 
-Shapes: B rows, D drafts after the first.
+Shapes: B rows, D drafts after the first, A alternatives per draft.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mrp_dlm.decoding.candidates import ALTERNATIVES
+
 LOCKSTEP_BLOCKS = 4  # blocks with drafts measured before a batch's lockstep factor is used
 
 
@@ -21,11 +24,11 @@ LOCKSTEP_BLOCKS = 4  # blocks with drafts measured before a batch's lockstep fac
 class Acceptance:
     """Running counts of one source's drafts verified and accepted, per depth in the round
     (0: the draft after the first). Acceptance falls with depth, steeply for self-drafts
-    (on the embedded model at τ = 0.9: 0.26 then 0.03; head drafts 0.64 then 0.34), so a
-    plan reads each depth's own rate, shrunk towards the source's pooled rate where a depth
-    has few verdicts."""
+    (docs/experiments.md), so a plan reads each depth's own rate, shrunk towards the source's
+    pooled rate where a depth has few verdicts."""
 
-    tried: list[int] = field(default_factory=list)  # per depth: verdicts read (up to each row's first rejection)
+    tried: list[int] = field(default_factory=list)  # per depth: verdicts read (up to each
+    # row's first rejection)
     accepted: list[int] = field(default_factory=list)  # per depth: of which accepted
 
     @property
@@ -67,6 +70,28 @@ def verdicts(accepted: torch.Tensor, valid: torch.Tensor) -> list[tuple[int, int
 
 
 @dataclass
+class AlternativeHits:
+    """Running counts of one draft source's first rejections (with alternatives built) and,
+    per slot, the alternative there equal to the backbone's step (at most one per rejection:
+    the alternatives of a depth are distinct states)."""
+
+    rejected: int = 0  # first rejections of this source's drafts that revealed a position
+    hits: list[int] = field(default_factory=lambda: [0] * ALTERNATIVES)  # per slot
+
+    def rescue(self, size: int) -> float:
+        """The share of rejections a set of `size` turns into a kept state, shrunk towards 0
+        by two prior misses (no data: no set pays)."""
+        return sum(self.hits[:size - 1]) / (self.rejected + 2)
+
+    def add(self, reached: torch.Tensor, hits: torch.Tensor) -> None:
+        """reached: (B,) bool rows whose first rejection was this source's; hits: (B, A)."""
+        counts = torch.cat((reached.sum()[None], (hits & reached[:, None]).sum(dim=0)))  # (1+A,)
+        counts = counts.tolist()
+        self.rejected += counts[0]
+        self.hits = [a + b for a, b in zip(self.hits, counts[1:])]
+
+
+@dataclass
 class Lockstep:
     """How far a batch gets per round against what its rows' acceptance predicts.
 
@@ -77,7 +102,7 @@ class Lockstep:
     steps of the plan run (1 + the expected later drafts accepted; 1 for the rule's own
     step). One row: the two agree up to the rates' error. Rows whose acceptance differs
     round by round get less than the mean from a batch (a row that accepted much waits for
-    one that did not); on this CPU at batch 8, 0.85 of it.
+    one that did not), so the planner discounts a batch's plans by this factor.
     """
 
     realized: float = 0.0  # summed over blocks with drafts

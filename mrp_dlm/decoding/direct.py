@@ -18,7 +18,7 @@ from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.head_cache import HeadSteps
 from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, draw_index, propose
 from mrp_dlm.decoding.selection import select_static
-from mrp_dlm.decoding.step import Advance, Step
+from mrp_dlm.decoding.step import Advance, Step, Uncounted
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
@@ -50,7 +50,7 @@ def direct_step(head: HeadSteps, backbone: HeadBackbone, step: Step, lookahead: 
     return block
 
 
-class DirectDecoder:
+class DirectDecoder(Uncounted):
     copies = 1
 
     def __init__(self, config: DecodeConfig, head: MRPHead) -> None:

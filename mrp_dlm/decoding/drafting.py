@@ -1,85 +1,45 @@
 """Which drafts a speculative round runs: only those likely to pay for themselves.
 
-A round's drafts after the first (the rule's own step on the seed logits A) come from one
-of two sources, chosen per depth:
-- a head draft: one head step, then the rule's step on A + sum C (`HEAD`);
-- a self-draft: the rule's step on A itself over the positions still masked (`SELF`, no
-  head forward at all: the training-free drafts of FreeDave-style decoders).
-Either costs one more verify copy; a head draft also costs its head step. A draft saves one
-step of the rule (one backbone forward) when it and every draft before it are accepted. So
-a round with a plan (a sequence of sources, at most the lookahead long) advances
+A reader of the round may skip this module: the output never depends on it (every committed
+state is the backbone's own step, see `speculative.py`), only the work per round does. Its
+face is three calls of `DraftPlanner` (and `probe(key)`, which serving asks before its
+forward):
+- `plan(key)`: the round's `RoundPlan`: each later draft's source, HEAD (a head step, then
+  the rule's step on A + sum C) or SELF (the rule's step on the seed logits A), and, in the
+  library, the candidate set size (`candidates.py`);
+- `observe(...)`: a round's verdicts: acceptance per source and depth, the alternatives'
+  hits, the rule steps rows advanced (for a batch in lockstep);
+- `time(...)`: a timed round's seconds (`costs.CostProbe` while the costs are learnt).
 
-    1 + sum_j P(drafts 1..j all accepted)  steps for  1 + sum_j cost(source_j)
+The plan run is the one of highest rate, expected rule steps over denoise forwards
+(`best_plan`), with an exploring plan every EXPLORE_EVERY-th round; the set size likewise
+(`best_size`). docs/design.md ("What to draft") derives both. Not adaptive: every round
+drafts the lookahead from the head (from the seed without one), with no set.
 
-denoise forwards, and the plan run is the one of highest rate, steps over forwards (none,
-the rule's own step, has rate 1). Rounds repeat with the same rates and costs, so the
-decode's speed is that rate: maximising the steps saved minus the cost instead would run
-drafts that pay less than the round's own rate (on this CPU, a third self-draft at τ = 1).
-P multiplies the running acceptance rates of each draft's source at its depth
-(`acceptance.Acceptance`, per source and depth). With one rate per source, putting the higher rate
-first never lowers the rate (swapping two neighbours changes only the reach between
-them), so the best plan is some drafts of one source followed by some of the other; with
-rates that fall with depth this stays the family searched (`best_plan`, both orders).
-The costs are learnt per batch size from the decode's own first rounds (`CostProbe`: a
-one-copy forward, a verify forward of several copies and head steps, timed; no forward
-runs for the measurement alone), so that a busy CPU, a GPU and a large batch each get their
-own answer. Every `EXPLORE_EVERY`-th round, a source the plan leaves out is tried as the
-plan with its rate plus two standard errors would run it, for as long as that optimistic
-plan still uses it (so a head that self-drafts beat at the same measured acceptance is not
-explored for ever, and one whose rate has grown is seen).
-
-Without a head only self-drafts exist; with `adaptive` off every round drafts the
-lookahead from the head (self-drafts without one).
-
-Given the plan, the planner also sizes the round's candidate sets (`candidates.py`: each
-later draft with up to 3 alternatives, as extra verify copies): from each source's
-measured acceptance, the measured share of its rejections an alternative slot would have
-caught (`SpareHits`, counted in the rounds where a set could pay, `may_set`) and the copy cost, taken from rounds with that
-set size once TIMING_REPEATS of them are timed (a wider verify and its wider scratch can
-cost more per copy than the probe's). Not adaptive: size 1 (none).
-
-The output never depends on any of this: every committed state is still the backbone's
-own step (see `speculative.py`). Only the work per round does.
-
-Shapes: B batch, L block size, D drafts after the first.
+Shapes: B batch, D drafts after the first, A alternatives per draft.
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from mrp_dlm.decoding.acceptance import Acceptance, Lockstep, verdicts
-from mrp_dlm.decoding.candidates import MOST_CANDIDATES, Rescue, SpareHits, best_size
+from mrp_dlm.decoding.acceptance import Acceptance, AlternativeHits, Lockstep, verdicts
+from mrp_dlm.decoding.candidates import ALTERNATIVES, Rescue, fitting
+from mrp_dlm.decoding.costs import HEAD, SELF, SOURCES, TIMING_REPEATS, CostProbe, RoundCosts
 
+MOST_SET = ALTERNATIVES + 1  # largest candidate set per depth: the draft and its alternatives
 EXPLORE_EVERY = 8  # rounds between two exploring plans (while a left-out source could pay)
-TIMING_REPEATS = 6  # timed samples of each cost before the plan uses them; the fastest counts
-HEAD, SELF = "head", "self"  # draft sources: a head step's logits, or the seed logits A
-SOURCES = (HEAD, SELF)
-
-
-@dataclass(frozen=True)
-class RoundCosts:
-    """What one more draft costs, in denoise forwards of the same batch."""
-
-    head_step: float  # a head step (head layers, logits, the rule's pick)
-    copy: float  # one more block copy in the verify forward
-    forward: float = 0.0  # seconds of a one-copy forward (0: not timed)
-
-    def of(self, source: str) -> float:
-        """A draft of `source`: its verify copy, and a head draft its head step."""
-        return self.copy + (self.head_step if source == HEAD else 0.0)
 
 
 def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int,
               lockstep: float = 1.0) -> tuple[str, ...]:
-    """The sources of the plan of highest rate (module docstring), at most `most` drafts:
-    a drafts of one source, then b of the other; rates: per source, the acceptance at each
-    depth 0..most-1; lockstep: the batch's steps per row step (`acceptance.Lockstep`)."""
+    """The sources of the plan of highest rate, at most `most` drafts: a drafts of one
+    source, then b of the other; rates: per source, the acceptance at each depth
+    0..most-1; lockstep: the batch's steps per row step (`acceptance.Lockstep`)."""
     best, best_rate = (), 1.0  # no drafts: one step per forward
 
     def rate(steps: float, cost: float) -> float:
@@ -103,95 +63,140 @@ def best_plan(rates: dict[str, list[float]], costs: RoundCosts, most: int,
     return best
 
 
-class Timer:
-    """Wall seconds between `start()` and `stop()`, synchronised on CUDA; a disabled timer
-    (every round but a probe round) neither syncs nor reads the clock and returns 0."""
+def best_size(rates: list[float], rescues: list[list[float]], copy_costs: dict[int, float],
+              plan: tuple[float, float]) -> int:
+    """The set size of highest rate for a plan of D later drafts that advances plan =
+    (1 + its expected steps, 1 + its cost) per round alone; sets of c add
 
-    def __init__(self, device: torch.device, enabled: bool) -> None:
-        self.device, self.enabled, self.began = device, enabled, 0.0
+        sum_d P(drafts before d stood) (1 - rates[d]) rescue_c(d)  steps for  (c - 1) D copy_c
 
-    def start(self) -> None:
-        if self.enabled:
-            sync(self.device)
-            self.began = time.perf_counter()
+    rates: (D,) each draft's acceptance; rescues: (D,) per draft, the rescue share of each
+    size 1..MOST_SET (`AlternativeHits.rescue`); copy_costs: size c > 1 -> one
+    alternative's verify copy cost in rounds with sets of c.
+    """
+    steps, cost = plan
+    best, best_rate = 1, steps / cost
+    for size in range(2, MOST_SET + 1):
+        gained, reach = 0.0, 1.0
+        for rate, rescue in zip(rates, rescues):
+            gained += reach * (1 - rate) * rescue[size - 1]
+            reach *= rate
+        rate = (steps + gained) / (cost + (size - 1) * len(rates) * copy_costs[size])
+        if rate > best_rate:
+            best, best_rate = size, rate
+    return best
 
-    def stop(self) -> float:
-        if not self.enabled:
-            return 0.0
-        sync(self.device)
-        return time.perf_counter() - self.began
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """What one round runs."""
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    key: int  # the batch key the plan is for
+    sources: tuple[str, ...]  # D entries, HEAD or SELF: the later drafts' sources
+    probe: CostProbe | None = None  # while the costs of `key` are learnt: the round is timed
+    alternatives: bool = False  # build the later drafts' alternatives (and count their hits)
+    size: int = 1  # candidate set size verified (1: the drafts alone)
+    timed: bool = False  # time the round and hand it to `DraftPlanner.time`
 
 
 @dataclass
-class CostProbe:
-    """Learns the round costs of one batch size from rounds the decoder runs anyway.
+class BlockProgress:
+    """One lockstep block so far: the rule's steps each row advanced and the steps the
+    rounds' plans predicted (`acceptance.Lockstep`)."""
 
-    Probe rounds alternate between the rule's own step with its forward as a one-copy
-    verify (what the rule itself would run: timed as one forward) and a full-lookahead
-    round (its drafts' head steps, if any, and its verify forward of v copies timed). No
-    forward is run for the measurement alone. Each cost keeps its fastest sample: other
-    work on the machine only ever adds time. Without a head, head steps are never timed.
-    """
-
-    lookahead: int  # K: the probe rounds' drafts
-    source: str = HEAD  # what the full-lookahead rounds draft with
-    forward: list[float] = field(default_factory=list)  # seconds of one-copy forwards
-    verify_seconds: dict[int, list[float]] = field(default_factory=dict)  # v copies -> seconds
-    head_steps: list[float] = field(default_factory=list)  # seconds per head step
-
-    def next_plan(self) -> tuple[str, ...]:
-        """The next probe round's drafts: none (time a forward) or the lookahead's."""
-        rounds = sum(len(t) for t in self.verify_seconds.values())
-        return () if len(self.forward) <= rounds else (self.source,) * self.lookahead
-
-    def add_forward(self, seconds: float) -> None:
-        self.forward.append(seconds)
-
-    def add_round(self, head_steps: int, draft_seconds: float, copies: int,
-                  verify_seconds: float) -> None:
-        if head_steps:
-            self.head_steps.append(draft_seconds / head_steps)
-        self.verify_seconds.setdefault(copies, []).append(verify_seconds)
-
-    def costs(self) -> RoundCosts | None:
-        """The costs, once TIMING_REPEATS samples of a forward, of a head step (with a
-        head) and a verify of more than one copy are in; else None."""
-        wider = {v: min(t) for v, t in self.verify_seconds.items() if v > 1}
-        heads = len(self.head_steps) if self.source == HEAD else TIMING_REPEATS
-        if min(len(self.forward), heads) < TIMING_REPEATS or not wider:
-            return None
-        one = min(self.forward)
-        v = max(wider)
-        head_step = min(self.head_steps) / one if self.head_steps else 0.0
-        return RoundCosts(head_step=head_step, copy=max(wider[v] - one, 0.0) / (one * (v - 1)),
-                          forward=one)
+    key: int  # the batch key
+    steps: torch.Tensor | None = None  # (B,) int64, from the first round on
+    predicted: float = 0.0
+    drafted: bool = False  # some round verified drafts
 
 
 class DraftPlanner:
     """What a speculative decoder keeps across the calls it serves (the library's decoder
-    and the SGLang plugin's algorithm alike): the acceptance of each draft source, the
-    rounds planned, and per batch key (a batch size, or a bucket of them) the round costs
-    once learnt, a `CostProbe` while they are being learnt. Not adaptive: every round
-    drafts the lookahead from the head (from the seed without one), nothing is kept.
-    """
+    and the SGLang plugin's algorithm alike): the acceptance of each draft source and, per
+    batch key (a batch size, or a bucket of them), the round costs once learnt, a
+    `CostProbe` while they are being learnt. Not adaptive: nothing is kept."""
 
     def __init__(self, lookahead: int, adaptive: bool, head: bool = True) -> None:
         self.lookahead, self.adaptive = lookahead, adaptive
         self.sources = SOURCES if head else (SELF,)  # what this decoder can draft from
         self.acceptance = {source: Acceptance() for source in self.sources}
-        self.rounds = 0  # rounds planned from learnt costs
+        self.rounds = 0  # rounds planned from learnt costs (for EXPLORE_EVERY)
         self.costs: dict[int, RoundCosts] = {}  # by batch key, once known
         self.probes: dict[int, CostProbe] = {}  # by batch key, while learning the costs
-        self.spares = {source: SpareHits() for source in self.sources}  # `candidates.py`
-        self.forced_size: int | None = None  # tests and benchmarks: this set size always
+        self.hits = {source: AlternativeHits() for source in self.sources}  # `candidates.py`
         self.chosen: dict[int, int] = {}  # by batch key, the set size chosen last
         self.set_rounds: dict[tuple[int, int], list[float]] = {}  # (key, copies) -> verify s
         self.lockstep: dict[int, Lockstep] = {}  # by batch key, where blocks run in lockstep
+        self.block: BlockProgress | None = None  # the lockstep block being decoded
+
+    # --- the face ---------------------------------------------------------------------
+
+    def plan(self, key: int, room: int | None = None, block_start: bool = False) -> RoundPlan:
+        """The next round's plan for batch `key`. room: the block copies its verify forward
+        may hold (None: no candidate sets, as in serving); block_start: the round is a
+        lockstep block's first (the block before it goes to `acceptance.Lockstep`)."""
+        if block_start:
+            self.end_block()
+            self.block = BlockProgress(key)
+        probe = self.probe(key)
+        sources = probe.next_plan() if probe is not None else self.best_sources(key)
+        if room is None or not self.may_set(key, sources):
+            if room is not None and self.adaptive and key in self.costs and sources:
+                self.chosen[key] = 1
+            return RoundPlan(key, sources, probe, timed=probe is not None)
+        size = fitting(self.set_size(key, sources), len(sources), room)
+        copies = len(sources) + 1 + len(sources) * (size - 1)  # unless drafting stops early
+        timed = probe is not None or self.times_sets(key, size, copies)
+        return RoundPlan(key, sources, probe, True, size, timed)
+
+    def observe(self, sources: tuple[str, ...], later: torch.Tensor | None = None,
+                valid: torch.Tensor | None = None, rescue: Rescue | None = None,
+                advanced: torch.Tensor | None = None) -> None:
+        """A round's verdicts: later (B,) drafts accepted after the first, of D = `sources`
+        later drafts that revealed a position where valid (B, D) (`acceptance.verdicts`);
+        rescue: the alternatives at each row's first rejection, if built; advanced: (B,)
+        the rule's steps each row of a lockstep block advanced."""
+        if advanced is not None and self.block is not None:
+            block = self.block
+            block.steps = advanced.long() if block.steps is None else block.steps + advanced
+            block.predicted += self.plan_steps(sources)
+            block.drafted |= bool(sources)
+        if not self.adaptive or not sources:
+            return
+        for depth, (source, (tried, good)) in enumerate(zip(sources, verdicts(later, valid))):
+            self.acceptance[source].add(depth, tried, good)
+        if rescue is not None:
+            is_head = torch.tensor([s == HEAD for s in sources], device=rescue.depth.device)
+            head_rows = is_head[rescue.depth]  # (B,)
+            for source in self.sources:
+                rows = rescue.reached & (head_rows == (source == HEAD))  # (B,)
+                self.hits[source].add(rows, rescue.hits)
+
+    def time(self, key: int, seconds: float, copies: int, drafted: tuple[str, ...] = (),
+             draft_seconds: float = 0.0, size: int = 1) -> None:
+        """A timed round of batch `key` (its plan's `timed`): its verify forward of `copies`
+        block copies, sets of `size`, took `seconds` after the drafts `drafted` (their
+        sources) took `draft_seconds`. To the key's cost probe, else to a set's timing."""
+        probe = self.probes.get(key)
+        if probe is not None:
+            if drafted:
+                probe.add_round(drafted.count(HEAD), draft_seconds, copies, seconds)
+            else:
+                probe.add_forward(seconds)
+            costs = probe.costs()
+            if costs is not None:
+                self.costs[key] = costs
+                del self.probes[key]
+        elif size > 1:
+            self.set_rounds.setdefault((key, copies), []).append(seconds)
+
+    @property
+    def most_size(self) -> int:
+        """The set size a call's scratch slots are sized for: the largest chosen last per
+        batch key (a set chosen within a call that has no room for it waits for the next)."""
+        return max(self.chosen.values(), default=1)
+
+    # --- behind the face --------------------------------------------------------------
 
     def probe(self, key: int) -> CostProbe | None:
         """The cost probe of `key` while its costs are unknown (adaptive only)."""
@@ -199,23 +204,23 @@ class DraftPlanner:
             return None
         return self.probes.setdefault(key, CostProbe(self.lookahead, self.sources[0]))
 
-    def plan(self, key: int) -> tuple[str, ...]:
-        """The sources of the next round's drafts after the first: the lookahead's from the
-        head (self-drafts without one); adaptive, the plan of highest rate, an exploring
-        one every EXPLORE_EVERY-th round, or the next probe round's while the costs of
-        `key` are being learnt."""
+    def best_sources(self, key: int) -> tuple[str, ...]:
+        """The later drafts' sources: the lookahead's from the head (self-drafts without
+        one); adaptive, the plan of highest rate at the costs of `key`, or every
+        EXPLORE_EVERY-th round an exploring one: a source the plan leaves out, as the plan
+        with its rate plus two standard errors would run it, while that plan still uses it
+        (a source one early rejection made look bad is tried again; one that keeps losing
+        is not tried for ever)."""
         if not self.adaptive:
             return (self.sources[0],) * self.lookahead
-        if key not in self.costs:
-            return self.probe(key).next_plan()
         costs, self.rounds = self.costs[key], self.rounds + 1
         depths = range(self.lookahead)
         rates = {s: [a.rate(d) for d in depths] for s, a in self.acceptance.items()}
         lockstep = self.lockstep.get(key, Lockstep()).factor
         plan = best_plan(rates, costs, self.lookahead, lockstep)
         if self.rounds % EXPLORE_EVERY == 0:
-            left_out = [s for s in self.sources if s not in plan]
-            left_out.sort(key=lambda source: sum(self.acceptance[source].tried))
+            left_out = sorted((s for s in self.sources if s not in plan),
+                              key=lambda source: sum(self.acceptance[source].tried))
             for source in left_out:
                 hopeful = best_plan(
                     {**rates, source: [self.acceptance[source].optimistic_rate(d)
@@ -224,41 +229,25 @@ class DraftPlanner:
                     return hopeful
         return plan
 
-    @property
-    def most_size(self) -> int:
-        """The set size a call's scratch slots are sized for: the forced one, else the
-        largest chosen last per batch key (a call allocates none it was not last chosen; a
-        set chosen within a call that has no room for it waits for the next call)."""
-        if self.forced_size is not None:
-            return self.forced_size
-        return max(self.chosen.values(), default=1)
+    def may_set(self, key: int, plan: tuple[str, ...]) -> bool:
+        """Whether a round with `plan` builds its drafts' alternatives (and so counts their
+        hits): adaptive with learnt costs, where some set would pay if every alternative
+        hit. Elsewhere no hit rate could make a set pay, so none is built or scored."""
+        if not self.adaptive or key not in self.costs or not plan:
+            return False
+        certain = [[1.0] * MOST_SET for _ in plan]
+        return best_size(self.plan_rates(plan), certain, self.copy_costs(key, plan),
+                         self.plan_round(key, plan)) > 1
 
     def set_size(self, key: int, plan: tuple[str, ...]) -> int:
-        """Candidates per later draft of a round with `plan` (`candidates.py`): 1 (the draft
-        alone) unless adaptive with learnt costs, where the measured rates of the plan's
-        drafts and of their alternatives and the cost of a verify copy say a larger set
-        pays; `forced_size` if set."""
-        if self.forced_size is not None:
-            return self.forced_size
-        if not self.adaptive or key not in self.costs or not plan:
-            return 1
-        rescues = [[self.spares[source].rescue(size) for size in range(1, MOST_CANDIDATES + 1)]
+        """The candidate set size of a round with `plan`, where `may_set`: the measured
+        rates of the plan's drafts and of their alternatives and the cost of a verify copy
+        say which size pays most (1: the draft alone)."""
+        rescues = [[self.hits[source].rescue(size) for size in range(1, MOST_SET + 1)]
                    for source in plan]
         self.chosen[key] = best_size(self.plan_rates(plan), rescues, self.copy_costs(key, plan),
                                      self.plan_round(key, plan))
         return self.chosen[key]
-
-    def may_set(self, key: int, plan: tuple[str, ...]) -> bool:
-        """Whether a round with `plan` builds its drafts' alternatives (and so counts their
-        hits): with a forced set, or, adaptive with learnt costs, where some set would pay if
-        every alternative hit. Elsewhere no hit rate could make a set pay, so none is built."""
-        if self.forced_size is not None:
-            return self.forced_size > 1
-        if not self.adaptive or key not in self.costs or not plan:
-            return False
-        certain = [[1.0] * MOST_CANDIDATES for _ in plan]
-        return best_size(self.plan_rates(plan), certain, self.copy_costs(key, plan),
-                         self.plan_round(key, plan)) > 1
 
     def plan_rates(self, plan: tuple[str, ...]) -> list[float]:
         """The measured acceptance of each of `plan`'s drafts at its depth."""
@@ -272,15 +261,17 @@ class DraftPlanner:
         """(expected steps, denoise forwards) of a round of `plan` without sets."""
         return self.plan_steps(plan), 1.0 + sum(self.costs[key].of(s) for s in plan)
 
-    def add_block(self, key: int, realized: int, predicted: float) -> None:
-        """A lockstep block with drafts: its rows' most rule steps and the steps its plans
-        predicted (`acceptance.Lockstep`)."""
-        self.lockstep.setdefault(key, Lockstep()).add(realized, predicted)
+    def end_block(self) -> None:
+        """The lockstep block tracked so far to its batch's `Lockstep`, if it drafted and
+        the planner adapts (the read of its rows' steps is the block's one host read)."""
+        block, self.block = self.block, None
+        if block is not None and block.drafted and self.adaptive:
+            self.lockstep.setdefault(block.key, Lockstep()).add(int(block.steps.max()),
+                                                                block.predicted)
 
     def copy_costs(self, key: int, plan: tuple[str, ...]) -> dict[int, float]:
         """Set size c > 1 -> one alternative's verify copy cost in a round of `plan`."""
-        return {size: self.set_copy(key, len(plan), size)
-                for size in range(2, MOST_CANDIDATES + 1)}
+        return {size: self.set_copy(key, len(plan), size) for size in range(2, MOST_SET + 1)}
 
     def set_copy(self, key: int, drafts: int, size: int) -> float:
         """What one alternative's verify copy costs in a round of `drafts` later drafts and
@@ -298,32 +289,3 @@ class DraftPlanner:
     def times_sets(self, key: int, size: int, copies: int) -> bool:
         """Whether a round of `copies` verify copies with sets of `size` is to be timed."""
         return size > 1 and len(self.set_rounds.get((key, copies), [])) < TIMING_REPEATS
-
-    def add_set_round(self, key: int, copies: int, seconds: float) -> None:
-        self.set_rounds.setdefault((key, copies), []).append(seconds)
-
-    def record_spares(self, sources: tuple[str, ...], rescue: Rescue) -> None:
-        """A round's alternatives at each row's first rejection, per source of the rejected
-        draft; kept only when adaptive."""
-        if self.adaptive and sources:
-            is_head = torch.tensor([s == HEAD for s in sources], device=rescue.depth.device)
-            head_rows = is_head[rescue.depth]  # (B,)
-            for source in self.sources:
-                rows = rescue.reached & (head_rows == (source == HEAD))  # (B,)
-                self.spares[source].add(rows, rescue.hits)
-
-    def learn(self, key: int) -> None:
-        """Keep the costs of `key` once its probe has enough samples."""
-        costs = self.probes[key].costs()
-        if costs is not None:
-            self.costs[key] = costs
-            del self.probes[key]
-
-    def record(self, sources: tuple[str, ...], accepted: torch.Tensor,
-               valid: torch.Tensor) -> None:
-        """A round's verdicts (see `verdicts`), per source and depth; kept only when
-        adaptive."""
-        if self.adaptive and sources:
-            for depth, (source, (tried, good)) in enumerate(
-                    zip(sources, verdicts(accepted, valid))):
-                self.acceptance[source].add(depth, tried, good)

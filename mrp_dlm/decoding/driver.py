@@ -1,54 +1,45 @@
 """The shared loops: prompt layout, prefill, the block loop with store and stop check, and
 the step loop inside a block.
 
-Every decoding mode runs through `generate`; a mode differs only in its `step` (see
-`step.py`), which reveals some positions of one block state. Prefill, the store forward,
-the step loop, the host checks, stop handling and counting therefore exist once.
+Every decoding mode runs through `generate`; a mode differs only in its decoder's `step`
+(the `Decoder` protocol), which reveals some positions of one block state. Prefill, the
+store forward, the step loop, the host checks (one per step, one per block), stop handling
+and counting forwards and commits therefore exist once.
 
-Host syncs: one per step (does any row still have a position to reveal?) and one per block
-(is any row still generating?); everything else stays on the device.
-
-Store fused with the next block's first step: a finished block's keys and values are
-written by the same forward that runs the next block's first denoise step (the finished
-block sees the prefix and itself, exactly as a store forward; the next block sees the
-prefix, the finished block and itself, exactly as a denoise forward). A block after the
-first thus costs its denoise/verify steps only, and the last block is never stored.
-
-The MRP modes' head keeps a cache of its own over the same slots (`head_cache.py`): the
-driver hands it the prefill's and each store's hidden states, and the head writes its keys
-for them in its next step.
-
-Layout: rows are left-padded by whole blocks so that every row's current block occupies
-the same cache slots; a row's positions count from its own first token, so each row gets
-exactly the tokens it would get alone. A prompt's trailing partial block becomes the
-first decode block with its prompt tokens fixed.
+A finished block's store rides on the next block's first denoise forward, and the head's
+cache (`head_cache.py`) gets the prefill's and each store's hidden states. Rows are
+left-padded by whole blocks so that every row's current block occupies the same cache
+slots, each at its own positions. docs/design.md ("Data flow of one `generate` call") has
+the details.
 
 Deliberately not here: commit rules (see `selection.py`) and what a mode does in a step
 (see `strategies.py` and the MRP modes).
 
-Shapes: B batch, L block size, S cache slots, M candidate copies of a block.
+Shapes: B batch, L block size, S cache slots, M block copies in one forward.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from mrp_dlm.config import BlockSchedule, DecodeConfig
-from mrp_dlm.decoding.drafting import SOURCES
 from mrp_dlm.decoding.head_cache import HeadCache
 from mrp_dlm.decoding.stats import DecodeStats
-from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Decoder, Step
+from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.cache import KVCache
+from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask
 
 
 # Cache slots are rounded up to a multiple of this, so that calls with prompts of other
 # lengths mostly share one static shape (a compiled step recompiles per shape).
 SLOT_BUCKET = 256
+STORE_AND_NEXT = "store + next"  # the mask key of a forward that stores and denoises
 
 
 @dataclass(frozen=True)
@@ -76,23 +67,18 @@ def plan_layout(lengths: list[int], block_size: int, max_new_tokens: int) -> Lay
 
 @dataclass
 class Counters:
-    """Running counts of one call, changed only through these methods; tensor counts stay on
-    the device until the end."""
+    """Running counts of one call's forwards and commits, changed only through these
+    methods; tensor counts stay on the device until the end. What only a mode counts, its
+    decoder counts (`Decoder.stats`)."""
 
     stats: DecodeStats
     committed: torch.Tensor  # () int64
-    histogram: torch.Tensor  # (M,) int64, speculative rounds by head drafts accepted
     row_forwards: torch.Tensor  # (2,) int64, row forwards: all, and denoise/verify only
-    vetoed: torch.Tensor  # () int64, remask proposals sent back to mask
-    drafts: torch.Tensor  # (2, 2) int64, speculative drafts by source: made, accepted
-    rescued: torch.Tensor  # () int64, speculative rounds that kept an alternative candidate
 
     @classmethod
-    def start(cls, outcomes: int, device: torch.device) -> "Counters":
-        """outcomes: the histogram's size (K + 1 for speculation: 0..K head drafts accepted)."""
+    def start(cls, device: torch.device) -> "Counters":
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-        return cls(DecodeStats(), zeros(), zeros(outcomes), zeros(2), zeros(), zeros(2, 2),
-                   zeros())
+        return cls(DecodeStats(), zeros(), zeros(2))
 
     def add_prefill(self, rows: int) -> None:
         self.stats.prefill_forwards += 1
@@ -111,31 +97,6 @@ class Counters:
 
     def add_commits(self, commit: torch.Tensor) -> None:
         self.committed += commit.sum()
-
-    def add_vetoes(self, proposed: torch.Tensor, kept: torch.Tensor) -> None:
-        """proposed, kept: (B, L) a remask step's proposals and the reveals it kept."""
-        self.vetoed += (proposed & ~kept).sum()
-
-    def add_head_skip(self) -> None:
-        self.stats.head_skips += 1
-
-    def add_rounds(self, accepted: torch.Tensor, counted: torch.Tensor) -> None:
-        """accepted: (B,) head drafts accepted per row; counted: (B,) rows that ran a round."""
-        self.histogram += torch.bincount(accepted[counted], minlength=self.histogram.shape[0])
-
-    def add_rescued(self, rescued: torch.Tensor) -> None:
-        """rescued: (B,) 1 where a round kept an alternative after its accepted drafts."""
-        self.rescued += rescued.sum()
-
-    def add_drafts(self, sources: tuple[str, ...], accepted: torch.Tensor,
-                   valid: torch.Tensor) -> None:
-        """sources: the D later drafts' sources; accepted: (B,) of them accepted per row;
-        valid: (B, D) the draft revealed a position (only those count as made)."""
-        depth = torch.arange(len(sources), device=valid.device)  # (D,)
-        stood = valid & (depth[None] < accepted[:, None])  # (B, D)
-        index = torch.tensor([SOURCES.index(s) for s in sources], device=valid.device)  # (D,)
-        self.drafts.index_add_(0, index, torch.stack((valid.sum(dim=0), stood.sum(dim=0)),
-                                                     dim=1))  # (D, 2) into (2, 2)
 
 
 @dataclass
@@ -156,18 +117,21 @@ class BlockContext:
     counters: Counters
     head: HeadCache | None = None  # the MRP modes' head and its cache of earlier blocks
     pending: BackboneStep | None = None  # the block's first step, computed with the last store
-    masks: dict[int, torch.Tensor] = field(default_factory=dict)  # by copies; 0: store + next
+    masks: dict[int | str, torch.Tensor] = field(default_factory=dict)  # by copies, or
+    # STORE_AND_NEXT: the previous block's store with this block's first step
 
     @property
     def width(self) -> int:
         return self.cache.keys.shape[3]  # every slot of the cache
 
-    def mask(self, copies: int) -> torch.Tensor:
-        """(B, T, width) mask of a forward over `copies` block copies (0: store + next)."""
+    def mask(self, copies: int | str) -> torch.Tensor:
+        """(B, T, width) mask of a forward over `copies` >= 1 block copies, or over the
+        previous block and this one (`copies` = STORE_AND_NEXT, T = 2L)."""
         if copies not in self.masks:
             L = self.schedule.block_size
             self.masks[copies] = (
-                store_and_next_mask(self.key_valid, self.start - L, L, self.width) if copies == 0
+                store_and_next_mask(self.key_valid, self.start - L, L, self.width)
+                if copies == STORE_AND_NEXT
                 else copies_mask(self.key_valid, self.start, L, copies, self.width))
         return self.masks[copies]
 
@@ -176,7 +140,7 @@ class BlockContext:
         return torch.tensor(self.start + offset, device=self.positions.device)
 
     def forward(self, blocks: torch.Tensor) -> torch.Tensor:
-        """Hidden states (B, M*L, H) of M candidate copies of the block in one forward.
+        """Hidden states (B, M*L, H) of M copies of the block (M states) in one forward.
 
         blocks: (B, M*L). Each copy sees the cached prefix and itself only, at the
         block's own positions. Writes only scratch slots (see `model/cache.py`).
@@ -203,7 +167,7 @@ class BlockContext:
         return BackboneStep(base_hidden, self.model.logits(base_hidden))
 
     def verify(self, states: torch.Tensor) -> BackboneStep:
-        """The backbone on M candidate block states (B, M*L) in one verify forward."""
+        """The backbone on M block states (B, M*L) in one verify forward."""
         self.counters.add_verify(self.active)
         base_hidden = self.forward(states)  # (B, M*L, H)
         return BackboneStep(base_hidden, self.model.logits(base_hidden))
@@ -218,11 +182,26 @@ class BlockContext:
         self.counters.add_denoise(self.active, store=True)
         positions = torch.cat((self.positions - L, self.positions), dim=1)  # (B, 2L)
         both = torch.cat((finished, block), dim=1)  # (B, 2L)
-        both_hidden = self.model(both, positions, self.mask(0), self.cache, self.slot(-L))  # (B, 2L, H)
+        both_hidden = self.model(both, positions, self.mask(STORE_AND_NEXT), self.cache,
+                                 self.slot(-L))  # (B, 2L, H)
         if self.head is not None:
             self.head.add(both_hidden[:, :L])  # clean_hidden: the finished block's store
         base_hidden = both_hidden[:, L:]  # (B, L, H)
         self.pending = BackboneStep(base_hidden, self.model.logits(base_hidden))
+
+
+class Decoder(Protocol):
+    copies: int  # most block copies one backbone forward holds (sizes the scratch slots)
+    head: MRPHead | None  # the MRP modes' head: the driver keeps its cache (`HeadCache`)
+
+    def begin(self) -> None:
+        """A new call: the decoder's own counts start at zero."""
+
+    def step(self, context: BlockContext, step: Step) -> Advance:
+        """Reveal at least one eligible position of every active row that has one."""
+
+    def stats(self) -> DecodeStats:
+        """The decoder's own counts of this call (the driver counts forwards and commits)."""
 
 
 def decode_block(context: BlockContext, block: torch.Tensor, decoder: Decoder) -> torch.Tensor:
@@ -317,7 +296,8 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
                     model.config.head_dim, model.lm_head.weight.dtype, device)
     head = (HeadCache(decoder.head, model, tokens, positions, key_valid, slots)
             if decoder.head is not None else None)
-    counters = Counters.start(getattr(decoder, "outcomes", 1), device)  # speculative's
+    counters = Counters.start(device)
+    decoder.begin()
     if layout.prefix_slots:
         P = layout.prefix_slots
         mask = block_causal_mask(torch.arange(P, device=device) // L, key_valid[:, :P])
@@ -352,6 +332,7 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     if head is not None:
         counters.stats.head_forwards = head.steps
         counters.stats.head_store_forwards = head.stores
+    counters.stats = counters.stats + decoder.stats()  # what only the mode counts
     return finish(tokens, layout, config, schedule, counters, began)
 
 
@@ -364,15 +345,7 @@ def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule:
         out.append(trim(generated, schedule.stop_token_ids, schedule.mask_token_id))
     stats = counters.stats
     stats.committed = int(counters.committed)
-    stats.vetoed = int(counters.vetoed)
-    stats.rescued = int(counters.rescued)
-    (stats.head_drafts, stats.head_drafts_accepted), (stats.self_drafts,
-                                                      stats.self_drafts_accepted) = (
-        counters.drafts.tolist())
     stats.row_forwards, stats.row_denoise_forwards = counters.row_forwards.tolist()
-    histogram = counters.histogram.tolist()
-    stats.rounds, stats.accepted = sum(histogram), sum(i * n for i, n in enumerate(histogram))
-    stats.accept_histogram = histogram if len(histogram) > 1 else []  # speculative only
     stats.tokens = sum(len(ids) for ids in out)
     stats.seconds = time.perf_counter() - began
     return DecodeResult(token_ids=out, stats=stats)

@@ -1,21 +1,16 @@
 """The head's own KV cache during a decode, and the head's steps on the current block.
 
-The MRP head attends like the backbone (`model/head.py`): bidirectionally within its block
-and to its own keys and values of every earlier block. Those keys come from the head run
-on an earlier block's clean tokens with h_in = the backbone's final hidden states of that
-block: the prefill's for the prompt's full blocks, the store forward's for each finished
-block. The head's cache mirrors the backbone's slot layout (`driver.py`, `model/cache.py`):
-slots [0, start) hold the keys of the blocks before the current one, and a head step on the
-current block writes its own keys to scratch slots from `start` on.
+The MRP head attends bidirectionally within its block and to its own keys of every earlier
+block (`model/head.py`): the head run on an earlier block's clean tokens with h_in = the
+backbone's final hidden states of that block (the prefill's, then each store forward's).
+The cache mirrors the backbone's slot layout: slots [0, start) hold the earlier blocks'
+keys, a head step writes its own to scratch slots from `start` on.
 
-Stores ride on head steps. When the backbone computes a block's store hidden states, the
-driver hands them over (`add`) and nothing runs; the next head step writes every pending
-block in the same head forward as its own copies (the pending tokens come first, each seeing
-the keys before it block-causally, as a store; the step's copies see the cached prefix and
-themselves, as always). A block whose decode runs a head step thus pays no head forward
-for its store, and a decode that runs none (speculation that drafts nothing) pays nothing.
-A step on a subset of rows (remask's checks) writes the pending blocks in a head forward of
-its own first (`DecodeStats.head_store_forwards`).
+Stores ride on head steps: the driver hands a block's store hidden states over (`add`) and
+the next head step writes every pending block in the same head forward as its own copies,
+so a decode that runs no head step pays nothing. A step on a subset of rows (remask's
+checks) writes the pending blocks in a head forward of its own first
+(`DecodeStats.head_store_forwards`). docs/design.md ("The head's context") has more.
 
 Deliberately not here: the head's layers (see `model/head.py`), when a mode runs a head
 step (see the MRP modes).
@@ -104,7 +99,8 @@ class HeadCache:
                              torch.cat((*held, hidden_in), dim=1),
                              torch.cat((self.all_positions[:, first:self.start],
                                         self.positions.repeat(1, copies)), dim=1),
-                             HeadAttention(self.cache, self.mask(first, copies), first))  # (B, P + M*L, H)
+                             HeadAttention(self.cache, self.mask(first, copies),
+                                           first))  # (B, P + M*L, H)
         return residual[:, stored.shape[1]:]
 
     def store_pending(self) -> None:

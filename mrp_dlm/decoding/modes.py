@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from mrp_dlm.config import MRP_MODES, DecodeConfig
 from mrp_dlm.decoding.direct import DirectDecoder
+from mrp_dlm.decoding.driver import Decoder
 from mrp_dlm.decoding.remask import RemaskDecoder
 from mrp_dlm.decoding.speculative import SpeculativeDecoder
-from mrp_dlm.decoding.step import Decoder
 from mrp_dlm.decoding.strategies import StrategyDecoder
 from mrp_dlm.decoding.veto import VetoDecoder
 from mrp_dlm.model.head import MRPHead

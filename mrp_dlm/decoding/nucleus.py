@@ -1,35 +1,17 @@
-"""The top-p nucleus of a wide distribution as a floor, found without sorting the vocabulary.
+"""The top-p nucleus of a wide distribution as a floor, found without sorting the vocabulary
+(part of the CPU sampling path: the tokens are `race.truncate`'s).
 
-`sampling.truncate` sorts a row descending (s), takes the float64 running sum S_i (CPU
-`cumsum` accumulates sequentially in float64) and keeps sorted token i while
-before_i = fl32(fl32(S_i) - s_i) < top_p. before only grows along the sorted row, so the
-kept set is every token above the boundary value x (the last kept one) and, of the tokens
-equal to x, those the sort happened to place first (all of them unless the boundary splits
-them: `Nucleus.split`).
-
-Here S_i comes from two exact parts. A float32 probability >= 2**-29 is a multiple of
-2**-52, so a float64 sum of such numbers below 2 is exact in any order: the mass of every
-histogram bucket above the boundary (buckets are the float32 bits >> BUCKET_SHIFT, 1/32 of
-an octave each: a bucket's values all exceed the next lower bucket's) plus the running sum
-of the sorted boundary bucket is S_i, bit for bit. Only that bucket is sorted. A row is
-`certain` when the boundary provably lies in it (its first token kept; a token of it cut,
-or the mass up to it clear of top_p by more than float32 rounding can move before), its
-values are >= 2**-29 and it holds at most MAX_BAND tokens; another row needs the dense
-`truncate`.
-
-Most rows need no floor at all (`inside_nucleus`): the race over the untruncated probs picks
-token w, and w is the race's winner over the nucleus too when truncate surely keeps it (the
-nucleus only takes competitors away). It does when the mass of the tokens >= p_w, every
-token the sort can place up to w, is below top_p by more than rounding: one thresholded
-sum per row. A race draws w outside the nucleus in about 1 - top_p of the rows.
-
-A winner the nucleus surely cuts (`outside_nucleus`: the mass of the tokens > p_w already
-clears top_p) takes every token <= p_w out with it, so the nucleus lies among the tokens
-> p_w: the race over those alone (a floor just above p_w) gives a winner that is the
-nucleus's where the nucleus surely holds it.
+`truncate` keeps a sorted token while the float64 running sum before it stays below top_p:
+every token above a boundary value x, and of those equal to x the ones the sort placed
+first. Here the sum comes from a histogram of float32 bit buckets (exact float64 sums) and
+a sort of the boundary bucket alone; a row the bucket cannot settle is not `certain` and
+takes the dense `truncate`. Most rows need no floor: the race's winner w over the
+untruncated probs is the nucleus's where the nucleus surely holds w (`inside_nucleus`), and
+where it surely cuts w the race runs again over the tokens above p_w (`outside_nucleus`).
+docs/design.md ("The top-p nucleus without a sort") has the argument.
 
 Deliberately not here: the race over the nucleus (`race.race_screened` takes the floor),
-top-k (its floor is the k-th value, `sampling.py`), anything but a CPU's float64 cumsum.
+top-k (its floor is the k-th value, `cpu_sampling.py`), anything but a CPU's float64 cumsum.
 
 Shapes: R rows, V vocab, NB buckets per row, N tokens of the widest boundary bucket.
 """
@@ -49,7 +31,7 @@ MAX_BAND = 16_384  # largest boundary bucket sorted; a wider one takes the dense
 # A boundary bucket whose every token is kept is certain when the mass up to it exceeds
 # top_p by this much: float32 rounding of c_i and c_i - s_i (< 2**-22 near 1) cannot undo it.
 MARGIN = 2.0**-19
-CHUNK = 1 << 16  # elements per histogram pass: its buffers stay in cache
+HISTOGRAM_CHUNK = 1 << 16  # elements per histogram pass: its buffers stay in cache
 SUM_GROUP = 64  # tokens summed in float32 before the float64 sum (`inside_nucleus`)
 # Relative slack of that sum: a float32 sum of 64 terms errs by < 63 * 2**-24 of its value
 # (any order), the float64 sums by far less. MARGIN covers the float32 roundings of S_w and
@@ -68,7 +50,7 @@ def bucket_mass(probs: torch.Tensor) -> torch.Tensor:
     """The float64 mass (R, NB) of probs (R, V) float32 >= 0 in each bucket from
     EXACT_BUCKET up, exact. Runs in chunks that stay in cache."""
     R, V = probs.shape
-    width = max(1, min(V, CHUNK // R))  # tokens per pass
+    width = max(1, min(V, HISTOGRAM_CHUNK // R))  # tokens per pass
     mass = torch.zeros(R, BUCKETS, dtype=torch.float64, device=probs.device)  # (R, NB)
     bits = torch.empty(R * width, dtype=torch.int32, device=probs.device)
     index = torch.empty(R * width, dtype=torch.int64, device=probs.device)
@@ -95,7 +77,7 @@ def boundary_band(probs: torch.Tensor, bucket: torch.Tensor) -> tuple[torch.Tens
     with -1 to (R, N), and how many each row has (R,) int64 (rows over MAX_BAND: none).
     Runs a few rows at a time, so the masks stay in cache and the hits come row by row."""
     R, V = probs.shape
-    height = max(1, CHUNK // V)  # rows per pass
+    height = max(1, HISTOGRAM_CHUNK // V)  # rows per pass
     bits = torch.empty(height * V, dtype=torch.int32, device=probs.device)
     member = torch.empty(height * V, dtype=torch.bool, device=probs.device)
     rows, cols = [], []

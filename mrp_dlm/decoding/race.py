@@ -1,32 +1,24 @@
-"""The keyed exponential race: which token a sampled position takes, at near greedy cost on a CPU.
+"""What token a sampled position takes: the definition, `race(truncate(probs))`, and the
+CPU screen of the race.
 
-A sampled position takes argmax_v kept_v / E_v, E_v = -log u_v, where u_v is the uniform
-number keyed by (seed, draw, position, token v) (`uniform_noise`): a strong hash of (seed,
-draw, position) is the row's key, and a short one of (key, v) the token's (two multiplies,
-two xorshifts: the CPU screen hashes every token). With E ~ Exp(1) this draws from kept
-(normalised) without a host sync. `race` evaluates that expression for every token:
-it is the definition, and what an accelerator runs (memory-bound there, so cheap).
+`truncate` zeroes the probabilities outside top-k, then outside the top-p nucleus (by a
+vocabulary sort). `race` takes argmax_v kept_v / E_v, E_v = -log u_v, where u_v is the
+uniform number keyed by (seed, draw, position, token v) (`uniform_noise`): a strong hash of
+(seed, draw, position) is the row's key, a short one of (key, v) the token's. With E ~
+Exp(1) this draws from kept (normalised) without a host sync; an accelerator runs it as
+written.
 
-On a CPU the definition costs ~20x a greedy step at V = 151,936 (per token a hash in int64,
-a float64 log and a division, each a pass over memory). `race_screened` returns the same
-token from a few int32 operations per token, in cache-sized chunks: since
-E = -log(1 - c) >= c with c = 1 - u, kept_v / c_v bounds token v's score from above, with no
-log. The tokens fall into sets of SET (strided ids); a set's bound is its largest
-probability over its smallest c, and that c needs only the high 16 bits of the noise,
-fixed before its last xorshift (`token_mix_high_`): per token, 5 integer passes and one
-maximum; the division runs once per set. It evaluates the exact score (the expression
-above, in float64) only for the tokens of the blocks (SET sets) with the largest bounds,
-then checks that no other block's bound reaches the winner's score; a row that fails the
-check tries more blocks, then runs `race` (see `CANDIDATE_BLOCKS`).
-The winner is therefore the definition's, including its tie rule (the lowest token id).
-It also races probs truncated below a floor (a top-p nucleus, `nucleus.py`) without
-writing them: the bounds of probs bound the truncated values too.
+On a CPU the race costs many greedy steps at a real vocabulary (docs/experiments.md), so
+`race_screened` returns the same token from a few int32 operations per token: kept_v / c_v,
+c = 1 - u, bounds token v's score with no log; the exact score runs only for the screen
+groups with the largest bounds, and a row whose winner another group's bound reaches tries
+more groups, then runs `race` (tie rule included). docs/design.md ("Choices") says more.
 
-Deliberately not here: truncation (top-k/top-p, `sampling.py`), anything that depends on
-which rows share a batch (every operation is per row).
+Deliberately not here: the CPU path's top tokens and nucleus (`cpu_sampling.py`,
+`nucleus.py`), anything that depends on which rows share a batch (all is per row).
 
-Shapes: R rows (batch x block positions, flattened), V vocab, C candidates per row,
-G = V // BLOCK screening blocks, each of SET sets of SET tokens.
+Shapes: R rows (batch x block positions, flattened), V vocab, C tokens per row, G = V //
+GROUP screen groups, each of SET sets of SET tokens.
 """
 
 from __future__ import annotations
@@ -37,20 +29,55 @@ MASK32 = 0xFFFFFFFF
 TOKEN_MUL = (0x7FEB352D, 0x45D9F3B)  # odd multipliers of a token's hash, below 2**31 (no
 # int64 overflow: the products of 32-bit values stay below 2**63)
 SET = 8  # tokens per screening set: a set's bound pairs its largest p with its smallest c
-BLOCK = SET * SET  # tokens per screening block (SET sets), the unit raced exactly
-# Blocks raced exactly per row; a row the first count cannot certify tries the next one.
-# A block outside them can hold the winner only if one of its sets' bounds reaches the
-# winner's score. At V = 151,936 (tempered normal logits of std 0.3 to 10, Zipf logits at
-# temperature 0.7 and 1) 2-7 blocks (median) reached it, 51 at most in 1,536 rows; a row
-# above the last count runs `race`.
-CANDIDATE_BLOCKS = (16, 64)
-CHUNK = 1 << 19  # elements per screening pass, 2 MB per buffer: fewer, longer passes beat
-# L2-sized ones (1 << 17) by ~10% at V = 151,936, batch 1 and 8 (L3-resident either way)
+GROUP = SET * SET  # tokens per screen group (SET sets), the unit raced exactly
+# Groups raced exactly per row; a row the first count cannot certify tries the next one, and
+# a row above the last runs `race`. A group outside them can hold the winner only if one of
+# its sets' bounds reaches the winner's score: a few groups do, typically (docs/experiments.md).
+RACED_GROUPS = (16, 64)
+SCREEN_CHUNK = 1 << 19  # elements per screening pass, 2 MB per buffer: fewer, longer passes
+# beat L2-sized ones (docs/experiments.md, sampling cost)
 # Bounds are in units of 2**-16; the factor covers float32 rounding (division, conversion).
 BOUND_SCALE = 2.0**16 * (1.0 + 2.0**-20)
 # A set bound below 2**-126 may have lost precision (subnormal), so a row is certified only
 # if its winner's score is above this: far above any bound that small.
 SMALLEST_SCORE = 2.0**-90
+
+Value = int | float | torch.Tensor  # one value for every row, or a (B,) tensor of per-row values
+
+
+def rows_of(value: Value, like: torch.Tensor) -> torch.Tensor | float:
+    """A per-row tensor value as (B, 1, 1) to broadcast against like (B, L, V); else as is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(like.device)[:, None, None]
+    return value
+
+
+def kth_largest(probs: torch.Tensor, top_k: Value) -> torch.Tensor | None:
+    """The k-th largest probability (B, L, 1), k per row or for all; None if all are kept."""
+    V = probs.shape[-1]
+    if not isinstance(top_k, torch.Tensor):
+        return probs.topk(top_k, dim=-1).values[..., -1:] if 0 < top_k < V else None
+    k = torch.where(top_k > 0, top_k, V).clamp_max(V).to(probs.device)  # (B,), 0 keeps all
+    index = (k - 1)[:, None, None].expand(*probs.shape[:-1], 1)  # (B, L, 1)
+    return probs.sort(dim=-1, descending=True).values.gather(-1, index)
+
+
+def truncate(probs: torch.Tensor, top_k: Value, top_p: Value) -> torch.Tensor:
+    """Zero the probabilities outside top-k, then outside the top-p nucleus (B, L, V)."""
+    kth = kth_largest(probs, top_k)  # (B, L, 1)
+    if kth is not None:
+        probs = torch.where(probs >= kth, probs, 0.0)
+        # Top-p measures its nucleus on the top-k survivors, renormalised (as HF and SDAR do).
+        probs = probs / probs.sum(-1, keepdim=True)
+    if isinstance(top_p, torch.Tensor) or top_p < 1.0:
+        top_p = rows_of(top_p, probs)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, L, V)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token
+        keep_sorted = (before < top_p) | (top_p >= 1.0)  # the top token is always kept
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        probs = torch.where(keep, probs, 0.0)
+    return probs
+
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -101,9 +128,9 @@ def race(kept: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return (kept.double() / -noise.log()).argmax(dim=-1)
 
 
-def race_candidates(values: torch.Tensor, ids: torch.Tensor,
+def race_among(values: torch.Tensor, ids: torch.Tensor,
                     keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(winner (R,) int64, its score (R,) float64) of the race among candidate tokens ids
+    """(winner (R,) int64, its score (R,) float64) of the race among the tokens ids
     (R, C) with kept probabilities values (R, C) float32, scored exactly as `race` scores
     them; ties go to the lowest id, as `race`'s argmax does."""
     score = values.double() / -uniform_of(noise_bits(keys[:, None], ids)).log()  # (R, C)
@@ -133,8 +160,8 @@ def set_maxima(probs: torch.Tensor) -> torch.Tensor:
     """The largest value (R, SET, G) float32 of each screening set of probs (R, V)
     (`screen_bounds`): SET - 1 elementwise maxima, which stream faster than a reduction."""
     R, V = probs.shape
-    G = V // BLOCK
-    lanes = probs[:, :BLOCK * G].view(R, SET, SET * G)  # (R, a, b*G)
+    G = V // GROUP
+    lanes = probs[:, :GROUP * G].view(R, SET, SET * G)  # (R, a, b*G)
     top = lanes[:, 0].clone()  # (R, b*G)
     for a in range(1, SET):
         torch.maximum(top, lanes[:, a], out=top)
@@ -143,48 +170,48 @@ def set_maxima(probs: torch.Tensor) -> torch.Tensor:
 
 def hash_maxima(keys: torch.Tensor, G: int) -> torch.Tensor:
     """The largest noise bits (R, SET, G) int32 of each screening set, sign flipped and exact
-    in their high 16 bits only (`token_mix_high_`), for keys (R,). Runs in chunks of blocks that
-    stay in cache."""
+    in their high 16 bits only (`token_mix_high_`), for keys (R,). Runs in chunks of groups
+    that stay in cache."""
     R = keys.shape[0]
-    width = max(1, min(G, CHUNK // (R * BLOCK)))  # blocks per pass
+    width = max(1, min(G, SCREEN_CHUNK // (R * GROUP)))  # groups per pass
     base = (((keys * 0x27D4EB2F) & MASK32) * TOKEN_MUL[0]) & MASK32  # (R,) key part
     base = as_int32(base)[:, None, None]  # (R, 1, 1)
-    lanes = torch.arange(BLOCK, device=keys.device)[:, None] * G  # (BLOCK, 1)
+    lanes = torch.arange(GROUP, device=keys.device)[:, None] * G  # (GROUP, 1)
     top = torch.empty(R, SET, G, dtype=torch.int32, device=keys.device)  # (R, b, G)
-    x, scratch = (torch.empty(R * BLOCK * width, dtype=torch.int32, device=keys.device)
+    x, scratch = (torch.empty(R * GROUP * width, dtype=torch.int32, device=keys.device)
                   for _ in range(2))
     for start in range(0, G, width):
         w = min(width, G - start)
-        ids = lanes + torch.arange(start, start + w, device=keys.device)  # (BLOCK, w)
-        ids = as_int32((ids * TOKEN_MUL[0]) & MASK32)  # (BLOCK, w) token part of the product
-        bits = torch.add(ids, base, out=x[:R * BLOCK * w].view(R, BLOCK, w))  # (R, a*b, w)
-        token_mix_high_(bits, scratch[:R * BLOCK * w].view(R, BLOCK, w))
+        ids = lanes + torch.arange(start, start + w, device=keys.device)  # (GROUP, w)
+        ids = as_int32((ids * TOKEN_MUL[0]) & MASK32)  # (GROUP, w) token part of the product
+        bits = torch.add(ids, base, out=x[:R * GROUP * w].view(R, GROUP, w))  # (R, a*b, w)
+        token_mix_high_(bits, scratch[:R * GROUP * w].view(R, GROUP, w))
         torch.amax(bits.view(R, SET, SET, w), dim=1, out=top[:, :, start:start + w])
     return top
 
 
 def row_maxima(probs: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
     """The largest value (R,) of each row of probs (R, V), from its set maxima (R, SET, G)
-    (`set_maxima`) and the last V % BLOCK values, which no set holds."""
+    (`set_maxima`) and the last V % GROUP values, which no set holds."""
     largest = maxima.flatten(1).amax(dim=-1)  # (R,)
-    tail = probs[:, BLOCK * maxima.shape[2]:]  # (R, V % BLOCK)
+    tail = probs[:, GROUP * maxima.shape[2]:]  # (R, V % GROUP)
     return torch.maximum(largest, tail.amax(dim=-1)) if tail.shape[1] else largest
 
 
 def screens(V: int) -> bool:
     """Whether `race_screened` screens a vocabulary of V tokens (else it runs `race`)."""
-    return V // BLOCK > CANDIDATE_BLOCKS[0]
+    return V // GROUP > RACED_GROUPS[0]
 
 
 def screen_bounds(probs: torch.Tensor, keys: torch.Tensor,
                   maxima: torch.Tensor | None = None) -> torch.Tensor:
-    """A score bound (R, G) float32 of each block of BLOCK tokens of probs (R, V), in units of
-    2**-16 (see BOUND_SCALE), G = V // BLOCK. Token g + G * (SET * a + b) (a, b < SET) is in
-    set (b, g) and block g. A set's bound is its largest probability over its smallest c:
+    """A score bound (R, G) float32 of each group of GROUP tokens of probs (R, V), in units of
+    2**-16 (see BOUND_SCALE), G = V // GROUP. Token g + G * (SET * a + b) (a, b < SET) is in
+    set (b, g) and group g. A set's bound is its largest probability over its smallest c:
     c_v = (n_v + 1/2) / 2**32 >= (n_hi + 2**-17) / 2**16 with n_v = 2**32 - 1 - bits_v and
-    n_hi = 2**16 - 1 - (bits_v >> 16); a block's bound is its sets' largest. maxima:
+    n_hi = 2**16 - 1 - (bits_v >> 16); a group's bound is its sets' largest. maxima:
     `set_maxima(probs)`, where the caller has it."""
-    flipped = hash_maxima(keys, probs.shape[1] // BLOCK)  # (R, SET, G) (hi - 2**15) << 16 | ..
+    flipped = hash_maxima(keys, probs.shape[1] // GROUP)  # (R, SET, G) (hi - 2**15) << 16 | ..
     n_hi = torch.bitwise_right_shift(flipped, 16).neg_().add_(2**15 - 1)  # (R, SET, G)
     c = n_hi.float().clamp_min_(2.0**-17)  # (R, SET, G) at most 2**16 c_v of the set's tokens
     top = set_maxima(probs) if maxima is None else maxima  # (R, SET, G)
@@ -196,24 +223,24 @@ def floored(probs: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor:
     return probs if floor is None else torch.where(probs >= floor[:, None], probs, 0.0)
 
 
-def block_tokens(blocks: torch.Tensor, V: int) -> torch.Tensor:
-    """The token ids (R, C) of blocks (R, M) (`screen_bounds`), then of the last V % BLOCK
-    tokens, which no block holds."""
-    R, G = blocks.shape[0], V // BLOCK
-    lanes = torch.arange(BLOCK, device=blocks.device) * G  # (BLOCK,)
-    tail = torch.arange(BLOCK * G, V, device=blocks.device).expand(R, -1)  # (R, V % BLOCK)
-    return torch.cat(((blocks[..., None] + lanes).view(R, -1), tail), dim=1)  # (R, C)
+def group_tokens(groups: torch.Tensor, V: int) -> torch.Tensor:
+    """The token ids (R, C) of groups (R, M) (`screen_bounds`), then of the last V % GROUP
+    tokens, which no group holds."""
+    R, G = groups.shape[0], V // GROUP
+    lanes = torch.arange(GROUP, device=groups.device) * G  # (GROUP,)
+    tail = torch.arange(GROUP * G, V, device=groups.device).expand(R, -1)  # (R, V % GROUP)
+    return torch.cat(((groups[..., None] + lanes).view(R, -1), tail), dim=1)  # (R, C)
 
 
-def race_blocks(probs: torch.Tensor, keys: torch.Tensor, bounds: torch.Tensor, count: int,
+def race_groups(probs: torch.Tensor, keys: torch.Tensor, bounds: torch.Tensor, count: int,
                 floor: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(winner (R,) int64, certain (R,) bool) of the race over `floored(probs, floor)`
-    (R, V) among the `count` blocks with the largest bounds (R, G) (`screen_bounds`): the
-    winner is `race`'s where certain, since a token outside them scores at most its block's
+    (R, V) among the `count` groups with the largest bounds (R, G) (`screen_bounds`): the
+    winner is `race`'s where certain, since a token outside them scores at most its group's
     bound, below the winner's score."""
     top = bounds.topk(count + 1, dim=-1)  # (R, M+1)
-    ids = block_tokens(top.indices[:, :-1], probs.shape[1])  # (R, C)
-    tokens, best = race_candidates(floored(probs.gather(1, ids), floor), ids, keys)  # (R,) x2
+    ids = group_tokens(top.indices[:, :-1], probs.shape[1])  # (R, C)
+    tokens, best = race_among(floored(probs.gather(1, ids), floor), ids, keys)  # (R,) x2
     certain = (top.values[:, -1].double() * BOUND_SCALE < best) & (best > SMALLEST_SCORE)
     return tokens, certain
 
@@ -228,9 +255,9 @@ def race_screened(probs: torch.Tensor, keys: torch.Tensor, floor: torch.Tensor |
     R, V = probs.shape
     if not screens(V):
         return race(floored(probs, floor), keys)
-    counts = [count for count in CANDIDATE_BLOCKS if count < V // BLOCK]
+    counts = [count for count in RACED_GROUPS if count < V // GROUP]
     bounds = screen_bounds(probs, keys) if bounds is None else bounds  # (R, G)
-    tokens, certain = race_blocks(probs, keys, bounds, counts[0], floor)  # (R,) x2
+    tokens, certain = race_groups(probs, keys, bounds, counts[0], floor)  # (R,) x2
     rows = (~certain).nonzero()[:, 0]  # (n,) rows left
     for count in counts[1:] + [None]:
         if rows.numel() == 0:
@@ -239,7 +266,7 @@ def race_screened(probs: torch.Tensor, keys: torch.Tensor, floor: torch.Tensor |
         if count is None:
             tokens[rows] = race(floored(probs[rows], row_floor), keys[rows])
         else:
-            tokens[rows], certain = race_blocks(probs[rows], keys[rows], bounds[rows], count,
+            tokens[rows], certain = race_groups(probs[rows], keys[rows], bounds[rows], count,
                                                 row_floor)
             rows = rows[~certain]
     return tokens

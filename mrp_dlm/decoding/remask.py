@@ -2,35 +2,20 @@
 dynamic regime: keep a step's reveals only while the head finds them consistent with each
 other. The v2 paper's rule, a residual veto, is `veto.py` (`--remask-rule paper`).
 
-A threshold step commits every masked position above τ at once, each judged on the block
-before the step: two reveals can each be likely and yet not go together (on the embedded
-model, half of `cookies = cookies - 8` with half of `cookies -= 8`). The head predicts
-what the backbone would say after given reveals, and it is trained for exactly that: the
-logits of positions still masked after a (random) set of reveals. So each step:
+Each step:
 
     propose  the dynamic rule on the backbone's logits A (every masked position above τ,
              else the top n_s);
     order    the step's reveals by confidence, highest first (ties to the lower position);
     trust    the reveals above TRUSTED_CONFIDENCE (those dynamic τ = 0.9 would make too);
-    check    every other reveal above τ after the first, in one batched head pass: its token's
-             probability under A + C, the head run on the block holding only the reveals
-             ranked before it (the reveal itself still masked, as in training);
+    check    every other reveal above τ after the first, in one batched head pass: its
+             token's probability under A + C, the head run on the block holding only the
+             reveals ranked before it (the reveal itself still masked, as in training);
     keep     the reveals ranked before the first one that is no longer above τ.
 
-A step keeps at least its first reveal (the progress guarantee), and every trusted one (they
-rank first). At τ >= TRUSTED_CONFIDENCE this is dynamic decoding. With a head that predicts
-no change every check repeats the proposal's own confidence, so this is dynamic decoding
-at the same τ. The head pass costs one head forward over as many recheck blocks as the batch
-has reveals to check; sizing it is the step's one host sync (`nonzero`).
-
-Measured (docs/experiments.md, 2026-12-01): trusting the reveals above 0.9 changed no
-decision on the full `arith` and `arith-code` test splits at τ = 0.3-0.5 and cut a
-decode's time by a quarter (fewer steps need a head pass). This rule replaced the two
-published ones (re-score every reveal on the head run with all of them revealed; veto
-reveals whose residual logit |C| is large), which did no better than dynamic decoding at
-matched tokens per forward.
-
-Deliberately not here: the paper's residual veto (see `veto.py`).
+A step keeps at least its first reveal, and every trusted one. With a head that predicts no
+change this is dynamic decoding at the same τ. Sizing the head pass is the step's one host
+sync (`nonzero`). docs/design.md ("Remask rules") says why and what was measured.
 
 Shapes: B batch, L block size, H hidden, V vocab, N reveals checked in the batch.
 """
@@ -43,7 +28,7 @@ from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import Proposal, draw_index, propose, token_confidence
 from mrp_dlm.decoding.selection import keep_consistent_prefix, rank_positions, select_dynamic
-from mrp_dlm.decoding.step import Advance, BackboneStep, Step
+from mrp_dlm.decoding.step import Advance, BackboneStep, Step, Vetoing
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import MRPHead
 
@@ -61,7 +46,7 @@ def build_recheck_blocks(block: torch.Tensor, proposal: Proposal, commit: torch.
     return torch.where(before, proposal.tokens[row], block[row])  # (N, L)
 
 
-class RemaskDecoder:
+class RemaskDecoder(Vetoing):
     copies = 1
 
     def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
@@ -104,5 +89,5 @@ class RemaskDecoder:
         commit = select_dynamic(proposal.confidence, rows.eligible, step.quota,
                                 self.config.threshold)  # (B, L)
         kept = self.keep(context, rows.tokens, step.base, proposal, commit)
-        context.counters.add_vetoes(commit, kept)
+        self.count_vetoes(commit, kept)
         return Advance(torch.where(kept, proposal.tokens, rows.tokens))

@@ -1,33 +1,19 @@
 """Logits -> proposed token and confidence at every position, without host syncs.
 
 Confidence is the probability of the chosen token under the full (tempered) distribution,
-computed before top-k/top-p truncation: the SDAR reference computes it after truncation,
-which makes every greedy confidence 1.0. The mask token is never a prediction (its logit
-is set to -inf first, BD3-LM's SUBS parameterisation).
+computed before top-k/top-p truncation (the SDAR reference's after truncation makes every
+greedy confidence 1.0). The mask token is never a prediction (SUBS: its logit is -inf).
 
-Sampling is counter-based: the random number for (seed, draw, position, token) is a hash
-of those integers (`race.uniform_noise`), so a row's draws never depend on which other rows
-share its batch, and a slow reference decoder can reproduce them exactly. The draw key of a
-step is a function of the block state it proposes on (`draw_index`: how many of the row's
-block positions are revealed), not of how many forwards or steps ran: a speculative drafter
-proposing on a state draws exactly the numbers the verifier's step on that state draws,
-which is what makes sampled speculation reproduce the sampled rule token for token
-(`speculative.py`). Every step reveals at least one position, so no two steps of a block
-share a key. Greedy has its own exact path.
+The sampled token is defined as `race.race(race.truncate(probs))`: an exponential race keyed by
+(seed, draw, position, token), where the draw key is a function of the block state alone
+(`draw_index`: how many of the row's block positions are revealed). A row's draws never
+depend on its batch, a slow reference decoder reproduces them, and a speculative draft on a
+state draws what the verifier's step on that state draws (`speculative.py`).
 
-On a CPU a sampled step costs about what a greedy one does (`sample_tokens`): the race
-screens the vocabulary with a cheap bound (`race.race_screened`); truncation keeps a few
-candidates instead of sorting the vocabulary, except for a top-p nucleus too wide for them
-(its largest probability says so): that row races untruncated and keeps the winner where
-the nucleus surely holds it (one thresholded sum per row, `nucleus.inside_nucleus`), else
-takes the nucleus as a floor (`nucleus.nucleus`). All give the full-vocabulary
-definition's token, and a row they cannot certify takes the next path down, the definition
-last (a host check, free on a CPU). One case only the definition can settle: a top-p
-boundary that splits equal probabilities keeps those the vocabulary sort places first, so a
-row whose winner is one of them takes the definition.
-Elsewhere the definition runs as written, without a host sync.
+On a CPU, with one sampling for every row, the same tokens come at about a greedy step's
+cost from `cpu_sampling.cpu_tokens`, an optimization beside the definition.
 
-Shapes: B batch, L block positions, V vocab, R = B*L rows, C candidates per row.
+Shapes: B batch, L block positions, V vocab, R = B*L rows.
 """
 
 from __future__ import annotations
@@ -37,16 +23,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from mrp_dlm.decoding.nucleus import inside_nucleus, nucleus, outside_nucleus
-from mrp_dlm.decoding.race import (race, race_candidates, race_screened, row_maxima,
-                                   screen_bounds, screens, set_maxima, token_keys)
-
-TOP_P_CANDIDATES = 256  # largest top-p nucleus found without a sort of the vocabulary
-GROUP = 64  # tokens per group of `top_candidates` (contiguous ids)
-MAX_TOP_K_CANDIDATES = 1024  # larger top-k truncates the whole vocabulary
-
-
-Value = int | float | torch.Tensor  # one value for every row, or a (B,) tensor of per-row values
+from mrp_dlm.decoding.cpu_sampling import cpu_tokens
+from mrp_dlm.decoding.race import Value, race, rows_of, token_keys, truncate
 
 
 @dataclass(frozen=True)
@@ -86,13 +64,6 @@ def select_rows(sampling: SamplingConfig, index: list[int] | slice) -> SamplingC
     return map_rows(sampling, lambda value: value[index])
 
 
-def rows_of(value: Value, like: torch.Tensor) -> torch.Tensor | float:
-    """A per-row tensor value as (B, 1, 1) to broadcast against like (B, L, V); else as is."""
-    if isinstance(value, torch.Tensor):
-        return value.to(like.device)[:, None, None]
-    return value
-
-
 @dataclass
 class Proposal:
     tokens: torch.Tensor  # (B, L) int64, the token each position would take
@@ -105,225 +76,19 @@ def draw_index(tokens: torch.Tensor, mask_token_id: int) -> torch.Tensor:
     return (tokens != mask_token_id).sum(dim=1)
 
 
-def kth_largest(probs: torch.Tensor, top_k: Value) -> torch.Tensor | None:
-    """The k-th largest probability (B, L, 1), k per row or for all; None if all are kept."""
-    V = probs.shape[-1]
-    if not isinstance(top_k, torch.Tensor):
-        return probs.topk(top_k, dim=-1).values[..., -1:] if 0 < top_k < V else None
-    k = torch.where(top_k > 0, top_k, V).clamp_max(V).to(probs.device)  # (B,), 0 keeps all
-    index = (k - 1)[:, None, None].expand(*probs.shape[:-1], 1)  # (B, L, 1)
-    return probs.sort(dim=-1, descending=True).values.gather(-1, index)
-
-
-def truncate(probs: torch.Tensor, top_k: Value, top_p: Value) -> torch.Tensor:
-    """Zero the probabilities outside top-k, then outside the top-p nucleus (B, L, V)."""
-    kth = kth_largest(probs, top_k)  # (B, L, 1)
-    if kth is not None:
-        probs = torch.where(probs >= kth, probs, 0.0)
-        # Top-p measures its nucleus on the top-k survivors, renormalised (as HF and SDAR do).
-        probs = probs / probs.sum(-1, keepdim=True)
-    if isinstance(top_p, torch.Tensor) or top_p < 1.0:
-        top_p = rows_of(top_p, probs)
-        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, L, V)
-        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each token
-        keep_sorted = (before < top_p) | (top_p >= 1.0)  # the top token is always kept
-        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        probs = torch.where(keep, probs, 0.0)
-    return probs
-
-
-def top_candidates(probs: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `count` largest probabilities of probs (R, V), descending, and their token ids,
-    each (R, count): the values `probs.topk(count)` gives (the order of equal values may
-    differ), from a topk over group maxima and over the tokens of the top groups only.
-    A token of the top `count` lies in a group whose maximum is among the top `count`."""
-    R, V = probs.shape
-    groups = V // GROUP  # whole groups; the last V % GROUP tokens are always candidates
-    if groups <= count:
-        return probs.topk(count, dim=-1)
-    group_max = probs[:, :groups * GROUP].view(R, groups, GROUP).amax(dim=-1)  # (R, groups)
-    top_groups = group_max.topk(count, dim=-1).indices  # (R, count)
-    offsets = torch.arange(GROUP, device=probs.device)  # (GROUP,)
-    ids = top_groups[..., None] * GROUP + offsets  # (R, count, GROUP)
-    tail = torch.arange(groups * GROUP, V, device=probs.device).expand(R, -1)  # (R, V%GROUP)
-    ids = torch.cat((ids.view(R, -1), tail), dim=1)  # (R, count*GROUP + V%GROUP)
-    values, order = probs.gather(1, ids).topk(count, dim=-1)  # (R, count) each
-    return values, ids.gather(1, order)
-
-
-@dataclass
-class Candidates:
-    values: torch.Tensor  # (R, C) float32, kept probability as `truncate` gives it (0: cut)
-    ids: torch.Tensor  # (R, C) int64 token ids
-    complete: torch.Tensor  # (R,) bool, False where the kept set may reach past the candidates
-    split: torch.Tensor  # (R,) float32, the value of tokens the top-p boundary splits, else -1
-
-
-def boundary(values: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the last kept value (R,), the first cut one (R,), -1 if none) of `truncate`'s top-p
-    rule on values (R, C) float32 sorted descending, the row's largest."""
-    before = values.cumsum(-1) - values  # (R, C) mass strictly before each token
-    kept = (before < top_p).sum(-1, keepdim=True)  # (R, 1) a prefix: before only grows
-    last = values.gather(1, (kept - 1).clamp_min(0))[:, 0]  # (R,)
-    cut = values.gather(1, kept.clamp_max(values.shape[1] - 1))[:, 0]  # (R,)
-    return last, torch.where(kept[:, 0] < values.shape[1], cut, -1.0)
-
-
-def truncated_candidates(probs: torch.Tensor, top_k: int, top_p: float) -> Candidates | None:
-    """`truncate(probs, top_k, top_p)` (R, V) on a few candidates per row: the same kept
-    values, bit for bit, for the tokens that keep any mass, except where the top-p boundary
-    splits equal values (`split`): `truncate`'s sort keeps some of them, which ones depends
-    on the whole row; here all of them. None when nothing is truncated or top-k is too
-    large to pay off. Top-k takes k + 1 candidates (the last one shows whether a tie with
-    the k-th reaches further); top-p alone takes TOP_P_CANDIDATES + 1 (the last one shows
-    whether the nucleus ends inside). The cumulative sum of a prefix of the sorted
-    probabilities is the prefix of theirs (a sequential float64 accumulation)."""
-    V = probs.shape[-1]
-    by_k, by_p = 0 < top_k < V, top_p < 1.0
-    if not (by_k or by_p) or (by_k and top_k > MAX_TOP_K_CANDIDATES):
-        return None
-    values, ids = top_candidates(probs, min(V, top_k + 1 if by_k else TOP_P_CANDIDATES + 1))
-    R = values.shape[0]
-    complete = torch.ones(R, dtype=torch.bool, device=probs.device)  # (R,)
-    split = torch.full((R,), -1.0, device=probs.device)  # (R,)
-    if by_k:
-        kth = values[:, top_k - 1:top_k]  # (R, 1)
-        complete = values[:, top_k] < kth[:, 0]
-        total = torch.where(probs >= kth, probs, 0.0).sum(-1, keepdim=True)  # as `truncate`
-        values = torch.where(values >= kth, values, 0.0) / total
-    if by_p:
-        last, cut = boundary(values, top_p)  # (R,) each
-        if not by_k and values.shape[1] < V:  # beyond the candidates, before only grows
-            complete &= (cut >= 0) & (values[:, -1] < last)  # and no tie reaches past them
-        split = torch.where((cut == last) & (last > 0), last, -1.0)
-        values = torch.where(values >= last[:, None], values, 0.0)
-    return Candidates(values=values, ids=ids, complete=complete, split=split)
-
-
 def sample_tokens(probs: torch.Tensor, sampling: SamplingConfig, positions: torch.Tensor,
                   draw: torch.Tensor) -> torch.Tensor:
     """The race's winner (B, L) int64 over `truncate(probs)` (B, L, V) float32, keyed by
     (seed, draw (B,), positions (B, L)): `race.race` on every device; on a CPU computed
-    through candidates, the nucleus floor and the screened race (same tokens), with host
+    through top tokens, the nucleus floor and the screened race (same tokens), with host
     checks."""
     B, L, V = probs.shape
     keys = token_keys(sampling.seed, positions, draw).view(-1)  # (R,)
     per_row = isinstance(sampling.top_k, torch.Tensor) or isinstance(sampling.top_p, torch.Tensor)
-    if probs.device.type != "cpu" or per_row:
-        kept = truncate(probs, sampling.top_k, sampling.top_p)  # (B, L, V)
-        return race(kept.view(-1, V), keys).view(B, L)
-    flat = probs.reshape(-1, V)  # (R, V)
-    if 0 < sampling.top_k < V or sampling.top_p >= 1.0:
-        return candidate_tokens(flat, keys, sampling).view(B, L)
-    return top_p_tokens(flat, keys, sampling).view(B, L)
-
-
-def candidate_race(probs: torch.Tensor, keys: torch.Tensor,
-                   sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(winner (R,) int64, settled (R,) bool) of the race over `truncate(probs)` (R, V)
-    among a few candidates per row; None where `truncated_candidates` is."""
-    candidates = truncated_candidates(probs, sampling.top_k, sampling.top_p)
-    if candidates is None:
-        return None
-    tokens, _ = race_candidates(candidates.values, candidates.ids, keys)  # (R,)
-    won = (candidates.ids == tokens[:, None]).int().argmax(-1, keepdim=True)  # (R, 1)
-    # A split tie's winner may be a token the sort cut: only the whole row can tell.
-    settled = candidates.complete & (candidates.values.gather(1, won)[:, 0] != candidates.split)
-    return tokens, settled
-
-
-def candidate_tokens(probs: torch.Tensor, keys: torch.Tensor,
-                     sampling: SamplingConfig) -> torch.Tensor:
-    """`sample_tokens` (R,) for probs (R, V) through a few candidates per row, and for rows
-    they cannot settle through the nucleus floor or the dense `truncate`."""
-    raced = candidate_race(probs, keys, sampling)
-    if raced is None:  # nothing truncated, or a top-k too large for candidates
-        return race_screened(truncate(probs, sampling.top_k, sampling.top_p), keys)
-    tokens, settled = raced
-    if not bool(settled.all()):  # a tie at the k-th or the top-p boundary, a wide nucleus
-        rows = unsettled_rows(settled)
-        tokens[rows] = unsettled_tokens(probs[rows], keys[rows], sampling)
-    return tokens
-
-
-def top_p_tokens(probs: torch.Tensor, keys: torch.Tensor,
-                 sampling: SamplingConfig) -> torch.Tensor:
-    """`sample_tokens` (R,) for probs (R, V) truncated by top-p alone. A row whose largest
-    probability may fill top_p with TOP_P_CANDIDATES tokens tries the candidates. The other
-    rows, and those the candidates leave, race over probs: the winner is the nucleus's
-    where the nucleus surely holds it (`nucleus.inside_nucleus`; about top_p of the rows),
-    the rest take the floor (`unsettled_tokens`). The screen's set maxima give the largest
-    probability, and its bounds serve the floor's race too (one pass over probs each)."""
-    maxima = set_maxima(probs) if screens(probs.shape[1]) else None  # (R, SET, G)
-    largest = probs.amax(dim=-1) if maxima is None else row_maxima(probs, maxima)  # (R,)
-    left = largest * TOP_P_CANDIDATES < sampling.top_p  # (R,) surely wide
-    tokens = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (R,)
-    if not bool(left.all()):
-        rows = unsettled_rows(left)  # rows that may be narrow
-        tokens[rows], settled = candidate_race(probs[rows], keys[rows], sampling)
-        left[rows] = ~settled
-    if bool(left.any()):
-        rows = unsettled_rows(~left)
-        racing = probs[rows]  # (n, V)
-        bounds = None if maxima is None else screen_bounds(racing, keys[rows], maxima[rows])
-        raced = race_screened(racing, keys[rows], bounds=bounds)  # (n,)
-        inside = inside_nucleus(racing, raced, sampling.top_p)  # (n,)
-        tokens[rows] = raced
-        if not bool(inside.all()):
-            outside = left.nonzero()[:, 0][~inside]  # (m,)
-            tokens[outside] = raced_past(probs[outside], keys[outside], raced[~inside],
-                                         sampling, None if bounds is None else bounds[~inside])
-    return tokens
-
-
-def raced_past(probs: torch.Tensor, keys: torch.Tensor, raced: torch.Tensor,
-               sampling: SamplingConfig, bounds: torch.Tensor | None) -> torch.Tensor:
-    """`sample_tokens` (R,) for top-p rows whose race winner raced (R,) the nucleus did not
-    surely hold: where it surely cuts it (`nucleus.outside_nucleus`), the race over the
-    tokens more probable than it, whose winner is the nucleus's where the nucleus surely
-    holds that; the rest take the floor (`unsettled_tokens`). bounds: the rows' screen
-    bounds, if known (they bound the floored values too)."""
-    tokens, settled = raced.clone(), torch.zeros_like(raced, dtype=torch.bool)  # (R,) x2
-    cut = outside_nucleus(probs, raced, sampling.top_p)  # (R,)
-    if bool(cut.any()):
-        rows = cut.nonzero()[:, 0]  # (n,)
-        past = probs[rows]  # (n, V)
-        value = past.gather(1, raced[rows, None])[:, 0]  # (n,) p_w
-        above = torch.nextafter(value, torch.ones_like(value))  # (n,) keeps p > p_w
-        again = race_screened(past, keys[rows], floor=above,
-                              bounds=None if bounds is None else bounds[rows])  # (n,)
-        tokens[rows] = again
-        settled[rows] = inside_nucleus(past, again, sampling.top_p)
-    if not bool(settled.all()):
-        rest = (~settled).nonzero()[:, 0]  # (m,)
-        tokens[rest] = unsettled_tokens(probs[rest], keys[rest], sampling,
-                                        None if bounds is None else bounds[rest])
-    return tokens
-
-
-def unsettled_rows(settled: torch.Tensor) -> torch.Tensor | slice:
-    """The rows (n,) where settled (R,) is False; every row as a slice (a view, not a copy
-    of the rows' probabilities)."""
-    return slice(None) if not bool(settled.any()) else (~settled).nonzero()[:, 0]
-
-
-def unsettled_tokens(probs: torch.Tensor, keys: torch.Tensor, sampling: SamplingConfig,
-                     bounds: torch.Tensor | None = None) -> torch.Tensor:
-    """`sample_tokens` (R,) for rows of probs (R, V) no cheaper path could settle: over
-    the nucleus floor for top-p alone, else (and where the floor is uncertain, or a split
-    tie wins) over the dense `truncate`. bounds: the rows' `race.screen_bounds`, if known."""
-    V = probs.shape[1]
-    if 0 < sampling.top_k < V:
-        return race_screened(truncate(probs, sampling.top_k, sampling.top_p), keys)
-    wide = nucleus(probs, sampling.top_p)
-    tokens = race_screened(probs, keys, floor=wide.floor, bounds=bounds)  # (R,)
-    won = probs.gather(1, tokens[:, None])[:, 0]  # (R,)
-    settled = wide.certain & ~(wide.split & (won == wide.floor))  # (R,)
-    if not bool(settled.all()):
-        rows = (~settled).nonzero()[:, 0]  # (n,)
-        kept = truncate(probs[rows], sampling.top_k, sampling.top_p)  # (n, V)
-        tokens[rows] = race_screened(kept, keys[rows])
-    return tokens
+    if probs.device.type == "cpu" and not per_row:
+        return cpu_tokens(probs.reshape(-1, V), keys, sampling).view(B, L)
+    kept = truncate(probs, sampling.top_k, sampling.top_p)  # (B, L, V)
+    return race(kept.view(-1, V), keys).view(B, L)
 
 
 def full_distribution(logits: torch.Tensor, mask_token_id: int,

@@ -1,47 +1,22 @@
 """Speculative MRP decoding (lossless): drafts from the head or from the seed logits, the
-backbone verifies.
+backbone verifies; the output is the threshold rule's (`--mode dynamic --threshold τ`,
+`selection.threshold_pick`), greedy or seeded sampled, token for token.
 
-The rule it reproduces is threshold decoding, one step per forward (`--mode dynamic
---threshold τ`): a step commits every masked position whose confidence exceeds τ, else the
-most confident one (`selection.threshold_pick`). At τ = 1.0 no confidence exceeds it, so
-the rule is static decoding with one token per step.
+One round (`SpeculativeDecoder.step`, one step of the driver's loop), from the backbone's
+logits A on the block state S_0 (the seed):
+- plan: the later drafts' sources and the candidate set size (`drafting.DraftPlanner`);
+- draft: S_1 = the rule's step on A; each later state the rule's step on A + sum C after
+  one more head step (HEAD) or on A itself (SELF), on the positions still masked (`draft`);
+- verify: one backbone forward over S_1 .. S_v side by side;
+- accept: S_{j+1} stands while it equals the rule's step on S_j (`count_accepted`); the
+  block becomes the last accepted S_n, whose verify slice seeds the next round;
+- record: the verdicts to the planner (`record_verdicts`), the counts to `DecodeStats`.
+A sampled step draws with the state's own key (`sampling.draw_index`), so a draft on S_j
+draws what the verifier's step on S_j draws. docs/design.md walks the round, beside the
+SGLang plugin's, which shares `draft`, `rule_steps`, `count_accepted` and `record_verdicts`.
 
-Greedy or sampled: a sampled step draws its random numbers from (seed, the state's draw
-key, position, token), where the draw key is a function of the block state alone
-(`sampling.draw_index`). A draft on state S_j and the verifier's step on S_j therefore use
-the same numbers, so "the backbone's own step on S_j" below is the seeded sampled step the
-rule takes there, and the output is the seeded sampled decode itself, token for token.
-
-Each round (one step of the driver's loop), from the backbone's logits on the current
-block state S_0 (the seed):
-- draft: draft 1 is the backbone's own step on S_0; each later draft is the rule's step,
-  on the positions still masked after the draft before it, either on A + sum C after one
-  more head step (a head draft) or on the seed logits A themselves (a self-draft: no head
-  forward, only its verify copy). This gives candidate states S_1 .. S_m; drafting stops
-  early once no row has a masked position left. Which source each later draft comes from,
-  and how many there are, is the round's plan (`drafting.py`: with `adaptive`, the plan
-  its measured acceptance and costs say pays most; without a head, self-drafts only). A
-  round without later drafts is the rule's own step: no verify forward, the driver's
-  denoise forward on S_1 seeds the next round, as in the rule.
-- verify: one backbone forward over the candidates S_1 .. S_v side by side (each sees the
-  cached prefix and itself only). A last candidate without masks in any row is not
-  verified (v = m - 1): its check could only seed a round that never comes.
-- accept: draft j+1 stands while the backbone's own step on S_j equals it (same
-  positions, same tokens). Every row advances by its own acceptance; no row waits for
-  another.
-- commit: the block becomes the last accepted state S_n, and the verify slice of S_n seeds
-  the next round, so its first draft is the backbone's free bonus step (no extra forward).
-- candidate sets (`candidates.py`, a size the planner picks, 1 = none): the verify forward
-  also holds alternatives of each later draft; where S_{n+1} was rejected, an alternative
-  equal to the backbone's step on S_n is kept as S_{n+1} and seeds the next round.
-
-Every committed state is the backbone's own step (with the rule's own draws) on the state
-before it, so the output equals the rule's decode token for token (up to float rounding:
-the step is computed on verify logits, see README); a bad head or poor self-drafts only
-lower acceptance.
-
-Shapes: B batch, L block size, H hidden, V vocab, K lookahead, m <= K + 1 drafts,
-v <= m verified candidates.
+Shapes: B batch (or requests), N block states, L block size, H hidden, V vocab, K lookahead,
+m <= K + 1 drafted states, v <= m verified, D = m - 1 later drafts.
 """
 
 from __future__ import annotations
@@ -53,20 +28,56 @@ import torch
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding import candidates
 from mrp_dlm.decoding.candidates import Alternatives, Rescue
-from mrp_dlm.decoding.drafting import HEAD, SELF, DraftPlanner, Timer
+from mrp_dlm.decoding.costs import HEAD, SELF, SOURCES, Timer
 from mrp_dlm.decoding.driver import BlockContext
+from mrp_dlm.decoding.drafting import DraftPlanner
 from mrp_dlm.decoding.head_cache import HeadSteps
-from mrp_dlm.decoding.round import count_accepted, record_round, rule_steps
 from mrp_dlm.decoding.sampling import Proposal, draw_index, propose
-from mrp_dlm.decoding.selection import Rule, select_dynamic
+from mrp_dlm.decoding.selection import Rule, select_dynamic, threshold_pick
+from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
 
+def rule_steps(logits: torch.Tensor, states: torch.Tensor, eligible: torch.Tensor,
+               positions: torch.Tensor, rule: Rule) -> torch.Tensor:
+    """The rule's step (`selection.threshold_pick`) on each of N block states: the states
+    after it (N, L) int64.
+
+    logits: (N, L, V) the backbone on `states` (N, L); eligible: (N, L) bool what may be
+    revealed; positions: (N, L) int64; rule: its sampling one row per state."""
+    commit, tokens = threshold_pick(logits, states, eligible, positions, rule)  # (N, L) x2
+    return torch.where(commit, tokens, states)  # (N, L)
+
+
+def count_accepted(states: torch.Tensor, valid: torch.Tensor, steps: torch.Tensor
+                   ) -> torch.Tensor:
+    """States accepted per chain (B,) int64: 1 + the leading later states that equal the
+    rule's step on the one before (0 when S_1 is invalid). A chain is one row's states
+    S_1 .. S_M; the plugin pads its chains with invalid states, never accepted.
+
+    states: (B, M, L); valid: (B, M) bool, the state revealed a position; steps:
+    (B, M - 1, L) the rule's step on S_1 .. S_{M-1} (verify logits)."""
+    agree = (steps == states[:, 1:]).all(dim=2) & valid[:, 1:]  # (B, M - 1)
+    return valid[:, 0].long() * (1 + agree.long().cumprod(dim=1).sum(dim=1))  # (B,)
+
+
+def record_verdicts(planner: DraftPlanner, sources: tuple[str, ...], accepted: torch.Tensor,
+                    valid: torch.Tensor, rescue: Rescue | None = None,
+                    advanced: torch.Tensor | None = None) -> torch.Tensor:
+    """Give the planner one round's verdicts (`DraftPlanner.observe`); returns the later
+    drafts accepted per chain (B,). accepted: (B,) from `count_accepted`; valid: (B, M) of
+    the same chains, whose later states came from `sources` (M - 1 entries); rescue,
+    advanced: the library's alternatives found and rule steps advanced per row."""
+    later = (accepted - 1).clamp_min(0)  # (B,)
+    planner.observe(sources, later, valid[:, 1:], rescue, advanced)
+    return later
+
+
 @dataclass(frozen=True)
 class Drafts:
-    states: torch.Tensor  # (B, m, L) candidate block states S_1 .. S_m
+    states: torch.Tensor  # (B, m, L) drafted block states S_1 .. S_m
     valid: torch.Tensor  # (B, m) bool, the draft revealed a position
     finished: bool  # no row has a masked position left in S_m
     sources: tuple[str, ...] = ()  # m - 1 entries: HEAD or SELF, the source of S_2 .. S_m
@@ -74,7 +85,7 @@ class Drafts:
 
     @property
     def verified(self) -> int:
-        """v: the candidates a verify forward must hold (S_m only if some row goes on)."""
+        """v: the states a verify forward must hold (S_m only if some row goes on)."""
         return self.states.shape[1] - self.finished
 
 
@@ -96,13 +107,13 @@ class Drafter:
 
 
 def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[str, ...],
-          spares: bool = False) -> Drafts:
+          alternatives: bool = False) -> Drafts:
     """Draft 1: the rule's step on the seed logits A; then one draft per entry of `sources`,
     none once no row has a masked position left. HEAD: a head step on the drafts so far,
     then the rule's step on A + sum C; SELF: the rule's step on A itself (no head forward).
     Each step runs on the positions still masked after the draft before it, sampled with
-    that state's draw key, as the verifier's step on it is. `spares`: each later draft's
-    alternatives too (`candidates.alternatives`, no forward).
+    that state's draw key, as the verifier's step on it is. `alternatives`: each later
+    draft's alternatives too (`candidates.alternatives`, no forward).
 
     seed: the backbone on rows.tokens. Runs one head step per HEAD draft made (one host
     check per draft).
@@ -118,7 +129,7 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
         return on_seed if drafter.rule.sampling.greedy else drafter.proposal(
             seed.logits, state, rows.positions)
 
-    states, valid, made, spare = [], [], [], []
+    states, valid, made, found = [], [], [], []
     for source in (SELF, *sources):
         if source == HEAD:
             accumulator = drafter.head.advance(state, accumulator)  # (B, L, H)
@@ -128,10 +139,10 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
             proposal = on_seed_at(state) if made else on_seed
         before, state = state, rule_step(proposal, state, eligible, threshold)  # (B, L)
         commit = state != before  # (B, L) the step's reveals
-        if spares and made:
+        if alternatives and made:
             self_draft = None if source == SELF else rule_step(
                 on_seed_at(before), before, eligible, threshold)  # (B, L)
-            spare.append(candidates.alternatives(before, state, eligible, proposal.confidence,
+            found.append(candidates.alternatives(before, state, eligible, proposal.confidence,
                                                  proposal.tokens, self_draft))
         states.append(state)
         valid.append(commit.any(dim=1))
@@ -141,7 +152,7 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
         if finished:
             break
     return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished,
-                  tuple(made[1:]), candidates.stack(spare) if spare else None)
+                  tuple(made[1:]), candidates.stack(found) if found else None)
 
 
 def rule_step(proposal: Proposal, state: torch.Tensor, eligible: torch.Tensor,
@@ -179,7 +190,21 @@ def take_accepted(drafts: Drafts, check: BackboneStep, accepted: torch.Tensor,
     rows = torch.arange(block.shape[0], device=block.device)
     tokens = torch.where(moved[:, None], drafts.states[rows, index], block)  # (B, L)
     checked = index.clamp_max(drafts.verified - 1)  # (B,)
-    return Advance(tokens, check.copy_or(checked, moved, seed))
+    return Advance(tokens, slice_or(check, checked, moved, seed))
+
+
+def slice_or(check: BackboneStep, index: torch.Tensor, keep: torch.Tensor,
+             other: BackboneStep) -> BackboneStep:
+    """Of a forward over several block copies per row (hidden (B, n*L, H), logits
+    (B, n*L, V)): each row's copy `index` (B,) where `keep` (B,) bool, else `other`'s row
+    (B, L, ·)."""
+    B, L = other.logits.shape[:2]
+    rows = torch.arange(B, device=index.device)  # (B,)
+    hidden = check.hidden.view(B, -1, L, check.hidden.shape[-1])[rows, index]  # (B, L, H)
+    logits = check.logits.view(B, -1, L, check.logits.shape[-1])[rows, index]  # (B, L, V)
+    keep = keep[:, None, None]  # (B, 1, 1)
+    return BackboneStep(torch.where(keep, hidden, other.hidden),
+                        torch.where(keep, logits, other.logits))
 
 
 @dataclass(frozen=True)
@@ -194,28 +219,40 @@ class Verdict:
 
 
 @dataclass
-class BlockProgress:
-    """One lockstep block so far, for the planner's `acceptance.Lockstep`: the rule's steps
-    each row advanced and the steps the rounds' plans predicted."""
+class RoundCounts:
+    """The decoder's counts of one call, on the device until `stats`."""
 
-    key: int  # the batch key (batch size)
-    steps: torch.Tensor  # (B,) int64
-    predicted: float = 0.0
-    drafted: bool = False  # some round verified drafts
+    histogram: torch.Tensor  # (K + 1,) int64, rounds by later states accepted (rescues too)
+    drafts: torch.Tensor  # (2, 2) int64, later drafts by source (SOURCES): made, accepted
+    rescued: torch.Tensor  # () int64, rounds that kept an alternative
 
-    def add(self, steps: torch.Tensor, predicted: float, drafted: bool = False) -> None:
-        """A round: steps (B,) each row advanced; what its plan predicted for a row."""
-        self.steps += steps
-        self.predicted += predicted
-        self.drafted |= drafted
+    @classmethod
+    def zeros(cls, outcomes: int, device: torch.device) -> "RoundCounts":
+        zeros = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
+        return cls(zeros(outcomes), zeros(2, 2), zeros())
 
+    def add(self, sources: tuple[str, ...], later: torch.Tensor, valid: torch.Tensor,
+            rescued: torch.Tensor) -> None:
+        """A verified round: later (B,) drafts accepted after the first, of D = `sources`
+        later drafts that revealed a position where valid (B, D); rescued (B,) int64."""
+        counted = valid[:, 0]  # (B,) rows that ran a round
+        self.histogram += torch.bincount((later + rescued)[counted],
+                                         minlength=self.histogram.shape[0])
+        depth = torch.arange(len(sources), device=valid.device)  # (D,)
+        stood = valid & (depth[None] < later[:, None])  # (B, D)
+        index = torch.tensor([SOURCES.index(s) for s in sources], device=valid.device)  # (D,)
+        self.drafts.index_add_(0, index, torch.stack((valid.sum(dim=0), stood.sum(dim=0)),
+                                                     dim=1))  # (D, 2) into (2, 2)
+        self.rescued += rescued.sum()
 
-@dataclass(frozen=True)
-class RoundPlan:
-    """How one round's verify forward is built and timed."""
-
-    size: int  # candidate set size (1: no alternatives)
-    timer: Timer  # on when the round feeds a cost probe or a set's timing
+    def stats(self) -> DecodeStats:
+        histogram = self.histogram.tolist()
+        (head, head_accepted), (own, own_accepted) = self.drafts.tolist()
+        return DecodeStats(rounds=sum(histogram),
+                           accepted=sum(i * n for i, n in enumerate(histogram)),
+                           accept_histogram=histogram, head_drafts=head,
+                           head_drafts_accepted=head_accepted, self_drafts=own,
+                           self_drafts_accepted=own_accepted, rescued=int(self.rescued))
 
 
 class SpeculativeDecoder:
@@ -225,10 +262,9 @@ class SpeculativeDecoder:
 
     def __init__(self, config: DecodeConfig, head: MRPHead | None) -> None:
         self.config, self.head = config, head
-        self.outcomes = config.lookahead + 1  # rounds by head drafts accepted: 0..K
         self.planner = DraftPlanner(config.lookahead, config.adaptive, head is not None)
         self.sampling = sampling_of(config)
-        self.block: BlockProgress | None = None  # the block being decoded
+        self.counts: RoundCounts | None = None  # this call's, from its first verified round
 
     @property
     def copies(self) -> int:
@@ -236,84 +272,49 @@ class SpeculativeDecoder:
         and, where the planner may run candidate sets, their alternatives'."""
         return self.config.lookahead * self.planner.most_size + 1
 
+    def begin(self) -> None:
+        self.counts = None
+
+    def stats(self) -> DecodeStats:
+        if self.counts is None:
+            return DecodeStats(accept_histogram=[0] * (self.config.lookahead + 1))
+        return self.counts.stats()
+
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows = step.rows
-        B = rows.tokens.shape[0]
+        B, L = rows.tokens.shape
         rule = Rule(context.schedule.mask_token_id, self.config.threshold, self.sampling)
-        self.track_block(step)
-        probe, sources = self.planner.probe(B), self.planner.plan(B)
-        if not sources and probe is None:  # the rule's own step, as the rule runs it (no
-            self.block.add(rows.eligible.any(dim=1), 1.0)  # host check: the driver
-            return Advance(rule_steps(  # denoises the result next)
+        plan = self.planner.plan(B, (context.width - context.start) // L, step.index == 0)
+        if not plan.sources and plan.probe is None:  # the rule's own step, as the rule runs
+            self.planner.observe((), advanced=rows.eligible.any(dim=1))  # it (no host check:
+            return Advance(rule_steps(  # the driver denoises the result next)
                 step.base.logits, rows.tokens, rows.eligible, rows.positions, rule))  # (B, L)
-        plan = self.round_plan(context, rows, sources, probe is not None)
-        plan.timer.start()
-        drafts = draft(Drafter(context.head, context.model, rule), step.base, rows, sources,
-                       spares=plan.size > 1 or self.planner.may_set(B, sources))
-        draft_seconds = plan.timer.stop()
+        timer = Timer(rows.tokens.device, plan.timed)
+        timer.start()
+        drafts = draft(Drafter(context.head, context.model, rule), step.base, rows,
+                       plan.sources, plan.alternatives)
+        draft_seconds = timer.stop()
         m, v = drafts.states.shape[1], drafts.verified
-        if v == 0 or (m == 1 and probe is None):  # no later draft: the rule's own step, as
-            self.block.add(drafts.valid[:, 0], 1.0)  # the rule runs it (the driver
-            return Advance(drafts.states[:, 0])  # denoises next)
-        plan.timer.start()
+        if v == 0 or (m == 1 and plan.probe is None):  # no later draft: the rule's own step,
+            self.planner.observe((), advanced=drafts.valid[:, 0])  # as the rule runs it (the
+            return Advance(drafts.states[:, 0])  # driver denoises next)
+        timer.start()
         verdict = self.verify(context, step, drafts, plan.size, rule)
-        self.learn_costs(B, plan, probe, drafts, draft_seconds, verdict.copies)
-        self.block.add(verdict.accepted + verdict.rescued,
-                       self.planner.plan_steps(drafts.sources), drafted=m > 1)
+        if plan.timed:
+            self.planner.time(B, timer.stop(), verdict.copies, drafts.sources, draft_seconds,
+                              plan.size)
+        later = record_verdicts(self.planner, drafts.sources, verdict.accepted, drafts.valid,
+                                verdict.rescue, verdict.accepted + verdict.rescued)
         if m > 1:
-            self.record(context, drafts, verdict)
+            self.count(drafts.sources, later, drafts.valid[:, 1:], verdict.rescued)
         return verdict.advance
 
-    def track_block(self, step: Step) -> None:
-        """At a block's first step, the block before it to the planner (one host read per
-        block) and a new count."""
-        if step.index:
-            return
-        self.end_block()
-        rows = step.rows.tokens
-        self.block = BlockProgress(rows.shape[0], torch.zeros(
-            rows.shape[0], dtype=torch.long, device=rows.device))
-
-    def end_block(self) -> None:
-        """The block tracked so far to the planner, if it drafted and the planner adapts
-        (the read of its rows' steps is the block's one host read)."""
-        block, self.block = self.block, None
-        if block is not None and block.drafted and self.planner.adaptive:
-            self.planner.add_block(block.key, int(block.steps.max()), block.predicted)
-
-    def round_plan(self, context: BlockContext, rows: BlockRows, sources: tuple[str, ...],
-                   probing: bool) -> RoundPlan:
-        """The set size that fits the scratch slots and whether the round is timed."""
-        B, L = rows.tokens.shape
-        size = candidates.fitting(self.planner.set_size(B, sources), len(sources),
-                                  (context.width - context.start) // L)
-        copies = len(sources) + 1 + len(sources) * (size - 1)  # unless drafting stops early
-        enabled = probing or self.planner.times_sets(B, size, copies)
-        return RoundPlan(size, Timer(rows.tokens.device, enabled=enabled))
-
-    def learn_costs(self, batch: int, plan: RoundPlan, probe, drafts: Drafts,
-                    draft_seconds: float, copies: int) -> None:
-        """A timed round's costs to the planner: a probe's (a round's verify time includes
-        its accept: what a verify copy adds), or a candidate set's own."""
-        if probe:
-            seconds = plan.timer.stop()
-            if drafts.states.shape[1] == 1:
-                probe.add_forward(seconds)
-            else:
-                probe.add_round(drafts.sources.count(HEAD), draft_seconds, copies, seconds)
-            self.planner.learn(batch)
-        elif plan.size > 1 and plan.timer.enabled:
-            self.planner.add_set_round(batch, copies, plan.timer.stop())
-
-    def record(self, context: BlockContext, drafts: Drafts, verdict: "Verdict") -> None:
-        """A round's verdicts to the planner (acceptance per source) and the counters."""
-        later = record_round(self.planner, drafts.sources, verdict.accepted,
-                             drafts.valid)  # (B,) drafts after the first accepted
-        context.counters.add_rounds(later + verdict.rescued, drafts.valid[:, 1])
-        context.counters.add_drafts(drafts.sources, later, drafts.valid[:, 1:])
-        context.counters.add_rescued(verdict.rescued)
-        if verdict.rescue is not None:
-            self.planner.record_spares(drafts.sources, verdict.rescue)
+    def count(self, sources: tuple[str, ...], later: torch.Tensor, valid: torch.Tensor,
+              rescued: torch.Tensor) -> None:
+        """A verified round with later drafts to this call's counts (`RoundCounts.add`)."""
+        if self.counts is None:
+            self.counts = RoundCounts.zeros(self.config.lookahead + 1, later.device)
+        self.counts.add(sources, later, valid, rescued)
 
     def verify(self, context: BlockContext, step: Step, drafts: Drafts, size: int,
                rule: Rule) -> Verdict:
@@ -337,6 +338,8 @@ class SpeculativeDecoder:
                 rescue = candidates.check(found, steps, accepted, drafts.valid[:, 1:])
         advance = take_accepted(drafts, check, accepted, step.rows.tokens, step.base)
         if rescue is not None and states.shape[1] > v:
-            advance, kept = candidates.keep_rescued(advance, found, rescue, size, check, v)
-            rescued = kept.long()
+            kept = candidates.keep_rescued(found, rescue, size, v)
+            advance = Advance(torch.where(kept.rescued[:, None], kept.states, advance.tokens),
+                              slice_or(check, kept.copy, kept.rescued, advance.base))
+            rescued = kept.rescued.long()
         return Verdict(advance, accepted, rescued, rescue, states.shape[1])

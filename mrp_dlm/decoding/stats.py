@@ -7,27 +7,30 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class DecodeStats:
-    """What a decode cost. Forwards count batched calls, not rows."""
+    """What a decode cost. Forwards count batched calls, not rows; the other counts are
+    summed over rows."""
 
     prefill_forwards: int = 0  # backbone forwards over the prompts' full blocks
     denoise_forwards: int = 0  # backbone forwards on one block state (a speculative seed too)
-    verify_forwards: int = 0  # backbone forwards checking M candidate block states at once
+    verify_forwards: int = 0  # backbone forwards checking M block states at once
     store_forwards: int = 0  # denoise forwards that also wrote the previous block's keys/values
     head_forwards: int = 0  # MRP head forwards (each with one lm_head projection)
-    head_store_forwards: int = 0  # head forwards that only wrote the head's keys of finished blocks
-    head_skips: int = 0  # paper remask: steps that ran no head forward (no row had two proposals, so no veto could change a reveal)
-    vetoed: int = 0  # remask: proposals sent back to mask, summed over rows
-    tokens: int = 0  # generated tokens returned, summed over rows, after stop trimming
-    committed: int = 0  # positions revealed by the decoder, summed over rows
+    head_store_forwards: int = 0  # head forwards that only wrote finished blocks' head keys
+    head_skips: int = 0  # paper remask: steps that ran no head forward (no row had two
+    # proposals, so no veto could change a reveal)
+    vetoed: int = 0  # remask: proposals sent back to mask
+    tokens: int = 0  # generated tokens returned, after stop trimming
+    committed: int = 0  # positions revealed by the decoder
     row_forwards: int = 0  # backbone forwards times the rows still generating in each
     row_denoise_forwards: int = 0  # the same for denoise and verify forwards only
-    rounds: int = 0  # speculative rounds (steps with later drafts, verified), summed over rows
-    accepted: int = 0  # later drafts (after the first) accepted in those rounds, summed over rows
-    head_drafts: int = 0  # speculative: head drafts made (that revealed a position), summed over rows
+    rounds: int = 0  # speculative rounds (steps with later drafts, verified)
+    accepted: int = 0  # later states (after the first) accepted in those rounds
+    head_drafts: int = 0  # speculative: head drafts made (that revealed a position)
     head_drafts_accepted: int = 0  # of which accepted
-    self_drafts: int = 0  # speculative: self-drafts made (the rule on the seed logits), summed over rows
+    self_drafts: int = 0  # speculative: self-drafts made (the rule on the seed logits)
     self_drafts_accepted: int = 0  # of which accepted
-    rescued: int = 0  # speculative: rounds that kept an alternative candidate after their accepted drafts, summed over rows
+    rescued: int = 0  # speculative: rounds that kept an alternative after their accepted
+    # drafts
     accept_histogram: list[int] = field(default_factory=list)  # rounds by drafts accepted
     seconds: float = 0.0  # wall time of the call
 

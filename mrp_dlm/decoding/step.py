@@ -1,10 +1,12 @@
 """What one denoising step of a block sees and returns: the data the driver's step loop and
-every mode share, and the `Decoder` protocol a mode's decoder implements.
+every mode share (the `Decoder` protocol a mode implements is the driver's).
 
-A mode differs from another only in its decoder's `step`: given the block, the positions it may
-reveal and the backbone's logits and hidden states on the block (`base`), it returns the
+A mode differs from another only in its decoder's `step`: given the block, the positions it
+may reveal and the backbone's logits and hidden states on the block (`base`), it returns the
 block after this step's reveals. Everything around the step (the loop, the one host check
-per step, the first backbone forward, counting the reveals) is the driver's.
+per step, the first backbone forward, counting forwards and reveals) is the driver's; what
+only a mode counts (drafts, vetoes), the decoder counts and returns
+(`driver.Decoder.stats`).
 
 Deliberately not here: the loop itself (see `driver.py`) and any commit rule (see
 `selection.py`).
@@ -15,13 +17,9 @@ Shapes: B batch, L block size, H hidden, V vocab.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
-
 import torch
 
-if TYPE_CHECKING:
-    from mrp_dlm.decoding.driver import BlockContext
-    from mrp_dlm.model.head import MRPHead
+from mrp_dlm.decoding.stats import DecodeStats
 
 
 @dataclass(frozen=True)
@@ -30,19 +28,6 @@ class BackboneStep:
 
     hidden: torch.Tensor  # (B, L, H) final hidden states (base_hidden)
     logits: torch.Tensor  # (B, L, V) float32 same-position logits (base_logits)
-
-    def copy_or(self, index: torch.Tensor, keep: torch.Tensor,
-                other: "BackboneStep") -> "BackboneStep":
-        """Of a forward over several block copies per row (hidden (B, n*L, H), logits
-        (B, n*L, V)): each row's copy `index` (B,) where `keep` (B,) bool, else `other`'s
-        row (B, L, ·)."""
-        B, L = other.logits.shape[:2]
-        rows = torch.arange(B, device=index.device)  # (B,)
-        hidden = self.hidden.view(B, -1, L, self.hidden.shape[-1])[rows, index]  # (B, L, H)
-        logits = self.logits.view(B, -1, L, self.logits.shape[-1])[rows, index]  # (B, L, V)
-        keep = keep[:, None, None]  # (B, 1, 1)
-        return BackboneStep(torch.where(keep, hidden, other.hidden),
-                            torch.where(keep, logits, other.logits))
 
 
 @dataclass(frozen=True)
@@ -72,9 +57,33 @@ class Advance:
     base: BackboneStep | None = None  # the backbone on `tokens`, if the step already ran it
 
 
-class Decoder(Protocol):
-    copies: int  # most block copies one backbone forward holds (sizes the scratch slots)
-    head: "MRPHead | None"  # the MRP modes' head: the driver keeps its cache (`HeadCache`)
+class Uncounted:
+    """A decoder that counts nothing of its own."""
 
-    def step(self, context: "BlockContext", step: Step) -> Advance:
-        """Reveal at least one eligible position of every active row that has one."""
+    def begin(self) -> None:
+        pass
+
+    def stats(self) -> DecodeStats:
+        return DecodeStats()
+
+
+class Vetoing:
+    """A remask decoder's counts of one call: proposals sent back to mask, and steps that
+    ran no head forward (the paper's rule)."""
+
+    vetoed: torch.Tensor | None = None  # () int64 on the device, from the first step on
+    head_skips: int = 0
+
+    def begin(self) -> None:
+        self.vetoed, self.head_skips = None, 0
+
+    def count_vetoes(self, proposed: torch.Tensor, kept: torch.Tensor,
+                     head_ran: bool = True) -> None:
+        """proposed, kept: (B, L) a step's proposals and the reveals it kept."""
+        vetoed = (proposed & ~kept).sum()
+        self.vetoed = vetoed if self.vetoed is None else self.vetoed + vetoed
+        self.head_skips += not head_ran
+
+    def stats(self) -> DecodeStats:
+        vetoed = 0 if self.vetoed is None else int(self.vetoed)
+        return DecodeStats(vetoed=vetoed, head_skips=self.head_skips)

@@ -15,7 +15,7 @@ from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import Proposal, SamplingConfig, draw_index, propose
 from mrp_dlm.decoding.selection import (select_dynamic, select_entropy_bounded, select_sequential,
                                         select_static)
-from mrp_dlm.decoding.step import Advance, Step
+from mrp_dlm.decoding.step import Advance, Step, Uncounted
 
 
 def sampling_of(config: DecodeConfig) -> SamplingConfig:
@@ -37,7 +37,7 @@ def select(config: DecodeConfig, proposal: Proposal, eligible: torch.Tensor,
     raise ValueError(f"no commit rule for mode {config.mode!r}")
 
 
-class StrategyDecoder:
+class StrategyDecoder(Uncounted):
     """Step of the four reference strategies."""
 
     copies = 1

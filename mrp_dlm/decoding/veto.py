@@ -3,32 +3,17 @@ authors' code runs it (`_generate_residual_remask`, `residual_remask_transfer`).
 
 Per denoising step of a block:
 
-    propose  the dynamic rule on the backbone's logits A: every masked position whose
-             confidence (full softmax) exceeds τ, else the single most confident one;
+    propose  the dynamic rule on A: every masked position above τ, else the most confident;
     residual one head forward on the block as it was BEFORE this step's proposals, from
              h_in = h_A; C = lm_head(h_C), raw logits, read alone (not A + C);
-    veto     each proposal whose |C at its proposed token| exceeds δ (either sign), each
-             independently; a row whose every proposal is vetoed keeps the one with the
-             smallest |C| (ties to the lower position);
+    veto     each proposal whose |C at its proposed token| exceeds δ (either sign); a row
+             whose every proposal is vetoed keeps the one of smallest |C|;
     commit   the survivors; vetoed positions stay masked and compete again next step.
 
-The head never commits a token, and one head step per backbone step is all it runs (a
-lookahead changes nothing). The official loop runs its head forward on every step; here a
-step where no row has two proposals runs none (`DecodeStats.head_skips`): a lone proposal
-survives either way (vetoed, the fallback keeps it), so skipping changes no token.
-
-Head context: the official loop never writes the head's keys of earlier blocks, so its head
-sees the current block only, though the head was trained attending to them; so does this
-rule. The same veto with the head attending to its keys of every earlier block (as trained,
-and as the direct and speculative modes run it) was measured and did no better at matched
-speed (docs/experiments.md, 2026-12-01, the paper's remask rule), so it is not offered.
-
-Quota: the official fallback is one position whatever the step's n_s, and its loop stops
-after `steps` steps even when masks remain (it would store a block with masks in it); so
-this rule requires steps == block_size (`DecodeConfig.resolve`), where no step is short.
-
-`veto_step` is the one definition of the step: the library's `VetoDecoder` calls it, and so can the
-serving plugin with its own head call.
+The head never commits a token; a step where no row has two proposals runs no head forward
+(`DecodeStats.head_skips`: a lone proposal survives either way). As the official loop, the
+head sees its block alone, and the rule needs steps == block_size (`DecodeConfig.resolve`).
+`veto_step` is the one definition of the step. docs/design.md ("Remask rules") has more.
 
 Deliberately not here: the chain rule (see `remask.py`), the dynamic proposal itself (see
 `selection.threshold_pick`).
@@ -47,7 +32,7 @@ from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig
 from mrp_dlm.decoding.selection import Rule, threshold_pick
-from mrp_dlm.decoding.step import Advance, Step
+from mrp_dlm.decoding.step import Advance, Step, Vetoing
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
@@ -97,7 +82,7 @@ def veto_step(residual: Residual, backbone: HeadBackbone, step: Step, threshold:
     return Veto(torch.where(kept, tokens, rows.tokens), proposed, kept, contested)
 
 
-class VetoDecoder:
+class VetoDecoder(Vetoing):
     copies = 1
 
     def __init__(self, config: DecodeConfig, head: MRPHead) -> None:
@@ -110,7 +95,5 @@ class VetoDecoder:
 
         veto = veto_step(residual, context.model, step, self.config.threshold,
                          self.config.remask_delta, self.sampling)
-        context.counters.add_vetoes(veto.proposed, veto.kept)
-        if not veto.head_ran:
-            context.counters.add_head_skip()
+        self.count_vetoes(veto.proposed, veto.kept, veto.head_ran)
         return Advance(veto.tokens)

@@ -111,8 +111,9 @@ def with_frontier_speed(rows: list[dict]) -> list[dict]:
 
 
 def fastest(rows: list[dict], indices: list[int]) -> int:
-    """The fastest of `indices` by tokens/s, where a row later in the grid must be more than
-    `MARGIN` faster to displace an earlier one (so that ties within noise pick the same row)."""
+    """The fastest of `indices` by tokens/s, walked in the given order, where a row must be
+    more than `MARGIN` faster than the pick so far to displace it (so that ties within noise
+    keep the row that comes first)."""
     pick = indices[0]
     for i in indices[1:]:
         if rows[i]["tokens_per_second"] > (1 + MARGIN) * rows[pick]["tokens_per_second"]:
@@ -120,25 +121,35 @@ def fastest(rows: list[dict], indices: list[int]) -> int:
     return pick
 
 
+def exact_rows(rows: list[dict], mine: list[int]) -> list[int]:
+    """A task's rows whose output is a rule's by construction, in the order the picks walk
+    them: static, then the rules the lossless rows must equal, then the lossless rows."""
+    lossless = [i for i in mine if rows[i]["lossless"] and rows[i]["mode"] != BASELINE]
+    rules = {rows[i]["reproduces"] for i in lossless}
+    return ([i for i in mine if rows[i]["mode"] == BASELINE]
+            + [i for i in mine if rows[i]["label"] in rules and rows[i]["mode"] != BASELINE]
+            + lossless)
+
+
 def recommend(rows: list[dict]) -> list[dict]:
     """Each row with `recommended`: the goals it is the pick for in its task.
 
-    exact: the fastest lossless row if it beats its rule by more than `MARGIN`, else that
-    row's rule (static when the task has no lossless row); fastest no-loss: the fastest row
-    as accurate as static (`fastest`). Speed is the rows' own tokens/s, so the latency and
-    the throughput rows may pick differently.
+    Both goals walk one order (`fastest`, a row displacing the pick so far only when more
+    than `MARGIN` faster): exact walks the exact rows (`exact_rows`: static, the rules, the
+    lossless rows), so a lossless row is picked only when it beats its rule (and every
+    earlier pick) by more than `MARGIN`; fastest no-loss walks the rows as accurate as
+    static, the exact ones first in that order, then the others in grid order. So when the
+    no-loss pick is an exact row, it is the exact pick. Speed is the rows' own tokens/s, so
+    the latency and the throughput rows may pick differently.
     """
     goals: dict[int, list[str]] = {}
     for task in dict.fromkeys(row["task"] for row in rows):
         mine = [i for i, row in enumerate(rows) if row["task"] == task]
-        static = next(i for i in mine if rows[i]["mode"] == BASELINE)
-        lossless = [i for i in mine if rows[i]["lossless"]]
-        exact = fastest(rows, lossless) if lossless else static
-        if (rows[exact]["speedup_vs_rule"] or 0) <= 1 + MARGIN and rows[exact]["reproduces"]:
-            exact = next((i for i in mine if rows[i]["label"] == rows[exact]["reproduces"]),
-                         static)
-        accurate = [i for i in mine if rows[i]["accuracy"] >= rows[static]["accuracy"]]
-        goals.setdefault(exact, []).append(EXACT)
+        exact = exact_rows(rows, mine)
+        static = exact[0]
+        order = exact + [i for i in mine if i not in exact]
+        accurate = [i for i in order if rows[i]["accuracy"] >= rows[static]["accuracy"]]
+        goals.setdefault(fastest(rows, exact), []).append(EXACT)
         goals.setdefault(fastest(rows, accurate), []).append(NO_LOSS)
     return [{**row, "recommended": goals.get(i, [])} for i, row in enumerate(rows)]
 

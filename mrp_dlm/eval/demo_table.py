@@ -77,10 +77,13 @@ def demo_legend(report: DemoReport) -> str:
             "a head-drafting speculative row over speculation with self-drafts only at the "
             "same threshold; drafts: the share of its drafts after the first that were "
             "self-drafts; same: on how many problems it was identical to its rule. "
-            "recommended, per task and regime: exact = the fastest lossless row if it beats "
-            f"its rule by more than {MARGIN:.0%}, else that rule; fastest no-loss = the fastest "
-            f"row as accurate as static (a later row must be more than {MARGIN:.0%} faster than "
-            "an earlier one).")
+            "recommended, per task and regime, each pick walking its rows in one order and "
+            f"moving on only to a row more than {MARGIN:.0%} faster than the pick so far: "
+            "exact = the fastest of static, the rules and the lossless rows (in that order, "
+            f"so a lossless row is picked only when more than {MARGIN:.0%} faster than its "
+            "rule); fastest no-loss = the fastest row as accurate as static, walking those "
+            "exact rows first in the same order, then the others (so a lossless row picked "
+            "for no-loss is the exact pick too).")
 
 
 def sample_texts(report: DemoReport) -> list[str]:

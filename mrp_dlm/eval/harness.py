@@ -4,8 +4,9 @@
         --model_args pretrained=DIR,head=HEAD,mode=speculative,lookahead=3,threshold=0.9 \\
         --tasks gsm8k --apply_chat_template --batch_size 16 --device cuda
 
-Model args: `pretrained` (checkpoint directory; `embedded`, the default, is the embedded
-model, which brings its embedded head), `head`, `dtype`, `mask_token_id`, `threads`, and
+Model args: `pretrained` (checkpoint directory or hub id; `embedded`, the default, is the
+embedded model, which brings its embedded head), `head`, `revision` and `head_revision` (of
+hub ids, as lm-eval's hf model takes `revision`), `dtype`, `mask_token_id`, `threads`, and
 every scalar field of `DecodeConfig` (mode, threshold, lookahead, block_size, ...); lm-eval's
 `--batch_size` and `--device` arrive as `batch_size` and `device`. A request's own
 generation settings (the task's `generation_kwargs`, lm-eval's `--gen_kwargs`) override
@@ -104,8 +105,8 @@ def decode_config(args: dict[str, object]) -> DecodeConfig:
     unknown = sorted(set(args) - set(types))
     if unknown:
         raise ValueError(f"unknown model arg(s) {', '.join(unknown)}; the mrp model takes "
-                         f"pretrained, head, dtype, device, mask_token_id, threads, "
-                         f"batch_size and {', '.join(types)}")
+                         f"pretrained, head, revision, head_revision, dtype, device, "
+                         f"mask_token_id, threads, batch_size and {', '.join(types)}")
     return DecodeConfig(**{name: cast_arg(name, value, types[name])
                            for name, value in args.items()})
 
@@ -176,6 +177,7 @@ class MrpLM(LM):
                  dtype: str = DEFAULT_DTYPE, device: str | None = None,
                  mask_token_id: int | None = None, threads: int | None = None,
                  batch_size: int | str = 1, max_batch_size: int | None = None,
+                 revision: str | None = None, head_revision: str | None = None,
                  **decode_args: object) -> None:
         super().__init__()
         if max_batch_size is not None:
@@ -185,7 +187,7 @@ class MrpLM(LM):
         self.batch_size = batch_size_of(batch_size)
         directory = None if pretrained == EMBEDDED_NAME else pretrained  # None: embedded
         self.pipe = Pipeline.load(directory, dtype, device_of(device), mask_token_id,
-                                  self.config.block_size, head, threads)
+                                  self.config.block_size, head, threads, revision, head_revision)
         if self.pipe.tokenizer is None:
             raise ValueError(f"{self.pipe.directory} has no tokenizer; lm-eval sends text")
         check_config(self.pipe, self.config)

@@ -3,7 +3,7 @@
 `evaluate_batches` decodes and grades batch by batch, so a caller can save each batch as
 soon as it is graded; `evaluate` collects them; `evaluate_to_dir` is the resumable
 `mrp eval` run over a run directory (see `store.py`). Ctrl-C there raises `RunInterrupted`,
-whose message says how many samples are saved; rerunning resumes from them.
+whose message says how many samples are saved; rerunning the same command resumes.
 
 Deliberately not here: the tasks themselves (see `tasks/`), the run directory's file
 formats (`store.py`), comparing modes (`bench.py`) and printing.
@@ -147,6 +147,7 @@ def evaluate_to_dir(pipe: Pipeline, task: Task, examples: list[Example], run: st
     check_config(pipe, config)
     began = time.perf_counter()
     records = run.open()
+    store.check_covered(run.path, uids)
     todo = [example for example in examples if example.uid not in records]
     with progress_bar(task, config, len(examples), len(examples) - len(todo), progress) as bar:
         try:
@@ -154,8 +155,7 @@ def evaluate_to_dir(pipe: Pipeline, task: Task, examples: list[Example], run: st
         except KeyboardInterrupt:
             saved = sum(uid in records for uid in uids)
             raise RunInterrupted(f"interrupted; {saved} of {len(uids)} samples are saved in "
-                                 f"{run.path / store.SAMPLES_FILE}; rerun the same command to "
-                                 "resume") from None
+                                 f"{run.path / store.SAMPLES_FILE}") from None
     summary = run_summary(run.identity, [records[uid] for uid in uids], len(todo), stats,
                           time.perf_counter() - began)
     if not todo:
@@ -186,8 +186,9 @@ def stats_note(decoded: int, resumed: int) -> str:
 
 
 def keep_speed(summary: dict, previous: dict | None) -> dict:
-    """A rerun with nothing left to decode keeps the speed figures measured before."""
-    if previous is None or "stats" not in previous:
+    """A rerun with nothing left to decode keeps the speed figures measured before, when
+    the summary before covered the same samples (else its note would not fit them)."""
+    if previous is None or "stats" not in previous or previous.get("n") != summary["n"]:
         return summary
     return {**summary, **{key: previous[key] for key in SPEED_KEYS if key in previous}}
 

@@ -6,8 +6,9 @@
                         invocation that decoded any
 
 A run reopened with the same identity resumes: samples already in samples.jsonl are kept
-and skipped. A kill can leave a torn last line; it is dropped (and the file repaired), so
-that sample is decoded again. Reopening with another identity is an error, never a mix.
+and skipped; a larger --limit adds samples, a smaller one is refused (`check_covered`). A
+kill can leave a torn last line; it is dropped (and the file repaired), so that sample is
+decoded again. Reopening with another identity is an error, never a mix.
 
 Deliberately not here: decoding and grading (see `runner.py`); benchmark reports (`bench.py`).
 """
@@ -98,6 +99,17 @@ def read_samples(path: Path) -> list[dict]:
         kept = "".join(line + "\n" for line in lines)
         write_atomic(path, lambda tmp: tmp.write_text(kept))
     return records
+
+
+def check_covered(path: Path, uids: list[str]) -> None:
+    """Refuse a run directory holding samples outside `uids` (a rerun with a smaller --limit):
+    its summary would have to leave saved samples out or describe problems not asked for."""
+    wanted = set(uids)
+    outside = [r["uid"] for r in read_samples(path / SAMPLES_FILE) if r["uid"] not in wanted]
+    if outside:
+        raise ValueError(f"{path / SAMPLES_FILE} holds {len(outside)} samples outside the "
+                         f"{len(uids)} problems asked for (a smaller --limit than the run's); "
+                         "give a --limit that covers them (or none), or another --out")
 
 
 def check_out_dir(path: Path) -> None:

@@ -42,9 +42,10 @@ import torch
 from safetensors import safe_open
 
 from mrp_dlm.config import HeadConfig
-from mrp_dlm.files import write_atomic
+from mrp_dlm.files import check_fresh_out, write_atomic
 from mrp_dlm.model.backbone import Backbone
-from mrp_dlm.model.files import CheckpointError, copy_tensors, read_json, save_tensors, weight_files
+from mrp_dlm.model.files import (CheckpointError, copy_tensors, read_header, read_json,
+                                 save_tensors, weight_files)
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 from mrp_dlm.model.head_loading import (Fingerprint, fingerprint_of, lm_head_hash,
                                         mismatch_message, read_head_meta)
@@ -167,6 +168,31 @@ def load_release_head(directory: Path, backbone: HeadBackbone,
     return head.eval()
 
 
+def check_head_tensors(directory: Path, backbone: HeadBackbone) -> None:
+    """Refuse a release whose files lack a head tensor or hold one of another shape, from
+    the files' headers alone (no head weights are read): a release is read whole, so a
+    mode that never runs the head does not decode from a broken one either."""
+    depth = head_depth(read_json(directory / "config.json"), directory / "config.json")
+    with torch.device("meta"):
+        head = MRPHead(backbone.config, HeadConfig(num_layers=depth))
+    names = release_names(head)
+    wanted = {names[name]: tuple(p.shape) for name, p in head.named_parameters()}
+    found = {}
+    for path in weight_files(directory):
+        with path.open("rb") as handle:
+            header, _ = read_header(handle, path)
+        found.update({name: tuple(header[name].get("shape", ())) for name in wanted
+                      if name in header})
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        raise CheckpointError(f"{directory}: missing head tensor(s) {', '.join(missing[:5])}"
+                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    for name, shape in found.items():
+        if shape != wanted[name]:
+            raise CheckpointError(f"{directory}: {name} has shape {shape}, the config implies "
+                                  f"{wanted[name]}")
+
+
 def release_config(backbone: Backbone, head: MRPHead) -> dict:
     """config.json of a release holding `backbone` and `head`."""
     dtype = backbone.lm_head.weight.dtype
@@ -176,10 +202,7 @@ def release_config(backbone: Backbone, head: MRPHead) -> dict:
 
 def check_export_dir(directory: Path, force: bool) -> None:
     """Refuse an export target that is a file, or a non-empty directory unless forced."""
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"--out {directory} is a file, not a directory")
-    if directory.is_dir() and any(directory.iterdir()) and not force:
-        raise ValueError(f"--out {directory} is not empty; pass --force to overwrite it")
+    check_fresh_out(directory, force)
 
 
 def export_release(backbone: Backbone, head: MRPHead, directory: Path,

@@ -2,9 +2,9 @@
 errors for what they do not support, the model's head, and the per-request block state.
 
 Errors, each with a message that says what to do:
-- at launch: `--no-dllm-fdfo` (the algorithms are written for
-  first-done-first-out scheduling), a bad YAML, a missing head directory, a head whose
-  fingerprint does not match the model or the block size (raised while the model loads);
+- at launch: `--no-dllm-fdfo` (the algorithms are written for first-done-first-out
+  scheduling), a bad YAML, a missing head directory, a head whose fingerprint does not
+  match the model or the block size (raised while the model loads);
 - per request: sampling (`sampling_refusal`, the one place that decides it).
   `MrpSpeculative` serves greedy and sampled requests (temperature, top_k, top_p, seed;
   see `sampling.py`) but not min_p. `MrpDirect` decodes greedily; SGLang turns temperature
@@ -26,32 +26,32 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from sglang.srt.dllm.algorithm.base import DllmAlgorithm
-from sglang.srt.dllm.config import DllmConfig
 
 from mrp_dlm.decoding.step import BackboneStep, BlockRows, Step
-from mrp_dlm.serving.config import SDAR_ARCHITECTURES, MrpServingConfig, ServingConfigError
+from mrp_dlm.serving.config import MrpServingConfig, ServingConfigError
 from mrp_dlm.serving.head_pool import HeadContext, HeadPool, block_slots, request_context
-from mrp_dlm.serving.verify_batch import check_sglang_version
+from mrp_dlm.serving.sglang_forward import (Answer, SGLangAlgorithm, block_ids,
+                                            block_positions, forward_rows, prompt_mask_of,
+                                            served_model, write_block_ids)
+from mrp_dlm.serving.plugin import MRP_ARCHITECTURES
+from mrp_dlm.serving.sglang_process import LaunchArgs
 
 
-class MrpAlgorithm(DllmAlgorithm):
+class MrpAlgorithm(SGLangAlgorithm):
     """Base of MrpSpeculative, MrpDirect and MrpRemask (FDFO only; which requests each
     serves: `sampling_refusal`). Under tensor parallelism every rank runs the same
     algorithm on the same batch and logits, so every rank takes the same decisions.
 
-    `self.mask_id` and `self.block_size` are SGLang's (`DllmAlgorithm.__init__` sets them
-    from its DllmConfig), so they keep SGLang's names; ours is `mask_token_id`."""
+    `self.mask_id` and `self.block_size` are SGLang's (its `DllmAlgorithm.__init__` sets
+    them from its DllmConfig), so they keep SGLang's names; ours is `mask_token_id`."""
 
-    supported_architectures = SDAR_ARCHITECTURES
+    supported_architectures = MRP_ARCHITECTURES
     needs_head = True  # MrpSpeculative self-drafts without one
 
-    def __init__(self, config: DllmConfig) -> None:
-        super().__init__(config)
-        check_sglang_version()
-        if not self.fdfo:
+    def setup(self, algorithm_config: dict, fdfo: bool) -> None:
+        if not fdfo:
             raise ServingConfigError(no_fdfo_message(type(self).__name__))
-        self.serving = MrpServingConfig.from_mapping(dict(config.algorithm_config))
+        self.serving = MrpServingConfig.from_mapping(algorithm_config)
         if self.serving.head_directory() is None and self.needs_head:
             raise ServingConfigError(f"{type(self).__name__} needs `head: <directory>` in "
                                      "the dLLM algorithm config (the MRP head)")
@@ -59,24 +59,21 @@ class MrpAlgorithm(DllmAlgorithm):
         self.pool: Optional[HeadPool] = None  # the head's keys by KV slot, from the first call
 
     @classmethod
-    def configure_server_args(cls, server_args: Any) -> None:
-        from sglang.srt.arg_groups.overrides import resolving_view
-
-        cfg = resolving_view(server_args)
-        if not getattr(cfg, "dllm_fdfo", True):
+    def check_launch(cls, args: LaunchArgs) -> None:
+        if not args.fdfo:
             raise ServingConfigError(no_fdfo_message(cls.__name__))
-        if cfg.dllm_algorithm_config is None:
+        if args.config_path is None:
             raise ServingConfigError(f"{cls.__name__} needs --dllm-algorithm-config mrp.yaml "
                                      "(`head: <directory>`; MrpSpeculative may leave it out)")
 
     @classmethod
-    def validate_request(cls, req: Any) -> Optional[str]:
-        return sampling_refusal(cls.__name__, req.sampling_params)
+    def refusal(cls, params: Any) -> Optional[str]:
+        return sampling_refusal(cls.__name__, params)
 
     def model_parts(self, model_runner: Any):
         """(head, host) of the served model (head None when the YAML names none); a clear
         error if it is not ours."""
-        model = model_runner.model
+        model = served_model(model_runner)
         head, host = getattr(model, "mrp_head", None), getattr(model, "mrp_host", None)
         if host is None or (head is None and self.serving.head is not None):
             raise RuntimeError(f"{type(self).__name__} needs the mrp-dlm SDAR model class "
@@ -97,9 +94,9 @@ class MrpAlgorithm(DllmAlgorithm):
     def store_blocks(self, model_runner: Any, forward_batch: Any, requests: list[int],
                      tokens: torch.Tensor, clean_hidden: torch.Tensor) -> None:
         """The head's keys of the blocks this call reports done, in one head forward: the
-        requests' clean blocks tokens (R, L) and clean_hidden (R, L, H), the hidden states of the forward
-        that wrote their clean KV, to the blocks' KV slots. A one-layer head's keys depend on
-        the block alone, so its store gathers no earlier keys."""
+        requests' clean blocks tokens (R, L) and clean_hidden (R, L, H), the hidden states
+        of the forward that wrote their clean KV, to the blocks' KV slots. A one-layer
+        head's keys depend on the block alone, so its store gathers no earlier keys."""
         if not requests or self.serving.head is None:  # no head: no head keys to keep
             return
         deep = self.model_parts(model_runner)[0].config.num_layers > 1
@@ -150,47 +147,21 @@ class OneStep:
     @classmethod
     def run(cls, model_runner: Any, forward_batch: Any, algo_states: Any, block_size: int,
             mask_token_id: int) -> "OneStep":
-        B, L = forward_batch.batch_size, block_size
-        block = forward_batch.input_ids.view(B, L).clone()  # (B, L)
-        algo_states = algo_states or [None] * B
+        L = block_size
+        block = block_ids(forward_batch, L).clone()  # (B, L)
         fresh = prompt_mask_of(forward_batch, L, mask_token_id)  # (B, L)
         prompt = torch.stack([fresh[i] if s is None else s for i, s in enumerate(algo_states)])
-        out, logits, hidden = run_rows(model_runner, forward_batch, L)
+        out, logits, hidden = forward_rows(model_runner, forward_batch, L)
         eligible = (block == mask_token_id) & ~prompt  # (B, L)
-        positions = forward_batch.positions.view(B, L).long()  # (B, L)
+        positions = block_positions(forward_batch, L)  # (B, L)
         step = Step(index=0, quota=1, rows=BlockRows(block, eligible, positions),
                     base=BackboneStep(hidden, logits))
         return cls(out, step, prompt, (~eligible.any(dim=1)).tolist())
 
-    def finish(self, forward_batch: Any, block: torch.Tensor) -> tuple:
+    def finish(self, forward_batch: Any, block: torch.Tensor) -> Answer:
         """The round's answer to SGLang with the blocks (B, L) after this step (a done block
         is kept as it was); the next round's input ids are the new blocks."""
-        L = block.shape[1]
         done = torch.tensor(self.done, device=block.device)
         block = torch.where(done[:, None], self.step.rows.tokens, block)  # (B, L)
-        forward_batch.input_ids.copy_(block.view(-1).to(forward_batch.input_ids.dtype))
-        return (self.out.logits_output, block.tolist(), [L if d else 0 for d in self.done],
-                [None if d else self.prompt[i] for i, d in enumerate(self.done)],
-                self.out.can_run_graph)
-
-
-def run_rows(model_runner: Any, forward_batch: Any, block_size: int
-             ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """One forward: (output, logits (N, L, V) float32, hidden (N, L, H))."""
-    out = model_runner.forward(forward_batch, pp_proxy_tensors=None)
-    logits = out.logits_output.full_logits
-    hidden = out.logits_output.hidden_states
-    if hidden is None:
-        raise RuntimeError("the served SDARForCausalLM returned no hidden states; the MRP "
-                           "algorithms need the mrp-dlm model class")
-    N = logits.shape[0] // block_size
-    return out, logits.float().view(N, block_size, -1), hidden.view(N, block_size, -1)
-
-
-def prompt_mask_of(forward_batch: Any, block_size: int, mask_token_id: int) -> torch.Tensor:
-    """(B, L) bool: block positions that are prompt (never revealed)."""
-    mask = forward_batch.dllm_prompt_mask
-    if mask is not None:
-        return mask.view(-1, block_size).clone()
-    ids = forward_batch.input_ids.view(-1, block_size)
-    return ids != mask_token_id
+        write_block_ids(forward_batch, block)
+        return Answer(self.out, block.tolist(), self.done, list(self.prompt))

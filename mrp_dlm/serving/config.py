@@ -32,7 +32,6 @@ from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, DecodeConfig
 
 log = logging.getLogger(__name__)
 
-SDAR_ARCHITECTURES = ("SDARForCausalLM", "SDARMoeForCausalLM")  # dense and MoE SDAR models
 DEPRECATED_KEYS = {"mask_id": "mask_token_id"}  # old YAML key -> its one current name
 YAML_SOURCE = "the dLLM algorithm config"  # how messages name the YAML when no path is known
 
@@ -45,11 +44,13 @@ class ServingConfigError(ValueError):
 class MrpServingConfig:
     """What the MRP algorithms need beyond SGLang's own server arguments."""
 
-    head: str | None = None  # MRP head directory, trained on this model at this block size (None: MrpSpeculative self-drafts; MrpDirect refuses)
+    # MRP head directory, trained on this model at this block size (None: MrpSpeculative
+    # self-drafts; MrpDirect refuses)
+    head: str | None = None
     lookahead: int = DecodeConfig.lookahead  # K: head steps per round (the library's default)
     threshold: float | None = None  # MrpSpeculative's rule; None: the library's default
     adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: draft only what pays (as the library)
-    remask_delta: float | None = None  # MrpRemask: δ of the residual veto; None: the library's default
+    remask_delta: float | None = None  # MrpRemask: δ of the veto; None: the library's default
     block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
     mask_token_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
     capture_input_preparation: bool = True  # SGLang's own key; accepted and passed through
@@ -154,12 +155,6 @@ def load_serving_config(path: str | None) -> MrpServingConfig:
 class BlockFacts:
     block_size: int  # L the server decodes with
     mask_token_id: int  # [MASK] id
-
-
-def is_sdar(hf_config: Any) -> bool:
-    """Whether a Hugging Face config is an SDAR model's (dense or MoE)."""
-    architectures = getattr(hf_config, "architectures", None) or []
-    return architectures[:1] in ([name] for name in SDAR_ARCHITECTURES)
 
 
 def resolve_block_facts(yaml_values: dict, hf_config: Any,

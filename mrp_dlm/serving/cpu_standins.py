@@ -1,27 +1,17 @@
 """Import stand-ins that let SGLang 0.5.23 start on a CPU-only machine.
 
-SGLang imports four packages that have no CPU build here, or that text serving never uses:
-- triton: SGLang ships a mock for macOS (`sglang/_platform_stubs.py`); we load that file by
-  path (importing `sglang` first would need triton already) and install its meta-path mock.
-- torchvision: the PyPI wheel needs a CUDA torch; SGLang only needs the module to import and
-  `transforms.InterpolationMode` to be a real enum.
-- sgl_kernel: a meta-path mock whose every attribute is a mock (no kernel is ever called on
-  the CPU path with the torch_native attention backend).
-- soundfile: the HTTP server imports it for its audio endpoints (transcription), which a
-  text model never serves; the stand-in spares a C library (libsndfile).
-The last three are `StandIn` packages: importing works, calling anything raises. Each
-stand-in is installed only when the real package cannot be imported, so on a machine that
-has them (a GPU host) this file changes nothing.
+- triton: SGLang's macOS mock (`sglang/_platform_stubs.py`), installed on any platform
+  through `sglang_process.triton_mock_finder`, the one name of that module the plugin uses;
+- torchvision (its wheel needs a CUDA torch; SGLang needs `transforms.InterpolationMode`),
+  sgl_kernel (no kernel runs on the CPU path) and soundfile (audio endpoints only):
+  `StandIn` packages, which import but raise when called.
+Each is installed only when the real package cannot be imported (a GPU host: nothing).
 
-SGLang spawns processes, so this file must run in every one of them, before SGLang is
-imported. Two ways:
-- `mrp serve` runs SGLang as `python -m mrp_dlm.serving.server`, which runs this file at
-  import; the `spawn` start method imports a child's main module before anything else, so
-  every SGLang subprocess gets the stand-ins too;
-- any other program (the tests' in-process `sglang.Engine`): `.ci/install_sglang.sh`
-  writes a `.pth` hook that runs this file in every Python process when
-  MRP_SGLANG_CPU_STANDINS names it. Nothing happens when that variable is unset.
-It imports nothing of mrp_dlm (the hook runs it at interpreter start).
+SGLang spawns processes, so this file runs in each of them before SGLang is imported:
+`mrp serve` runs `python -m mrp_dlm.serving.server`, which runs it at import, and `spawn`
+children import that main module first; any other program (the tests' `sglang.Engine`)
+gets it from the `.pth` hook `.ci/install_sglang.sh` writes, when MRP_SGLANG_CPU_STANDINS
+names this file. Of mrp_dlm it imports only the process door (standard library at import).
 
 Deliberately not here: anything that changes numerics.
 """
@@ -34,54 +24,55 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
-from pathlib import Path
 
 
-def sglang_stub_module() -> types.ModuleType | None:
-    """sglang/_platform_stubs.py loaded by path, or None when sglang is not installed."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "_platform_stubs.py"
-    file_spec = importlib.util.spec_from_file_location("mrp_sglang_platform_stubs", path)
-    module = importlib.util.module_from_spec(file_spec)
-    sys.modules[file_spec.name] = module  # its dataclasses look their module up by name
-    file_spec.loader.exec_module(module)
-    return module
-
-
-def install_triton(stubs: types.ModuleType) -> None:
-    """SGLang's macOS triton mock, installed on any platform."""
+def install_triton() -> None:
+    """SGLang's macOS triton mock (a meta-path finder answering every `triton.*` import with
+    a pass-through mock), on any platform, with the few values SGLang and torch read."""
     if "triton" in sys.modules or importlib.util.find_spec("triton") is not None:
         return
-    sys.meta_path.insert(0, stubs._TritonFinder())
-    triton = stubs._make_mock("triton")
+    from mrp_dlm.serving.sglang_process import triton_mock_finder
+
+    finder = triton_mock_finder()
+    if finder is None:  # no SGLang
+        return
+    sys.meta_path.insert(0, finder)
+
+    def mock(name: str) -> types.ModuleType:
+        finder.find_spec(name)  # makes the module, as an import would
+        return sys.modules[name]
+
+    triton = mock("triton")
     triton.__version__ = "3.0.0"
-    triton.cdiv, triton.next_power_of_2, triton.Config = (stubs._cdiv, stubs._next_power_of_2,
-                                                          stubs._Config)
-    language = stubs._make_mock("triton.language")
-
-    class constexpr:
-        def __init__(self, value=None):
-            self.value = value
-
-    language.constexpr = constexpr
-    triton.language = language
-    jit = stubs._make_mock("triton.runtime.jit")
+    triton.cdiv = lambda a, b: -(a // -b)
+    triton.next_power_of_2 = lambda n: 1 << (n - 1).bit_length() if n > 0 else 1
+    triton.Config = TritonConfig
+    mock("triton.language").constexpr = Constexpr
+    jit = mock("triton.runtime.jit")
     jit.JITFunction = type("JITFunction", (), {})
-    jit.KernelInterface = type("KernelInterface", (stubs._StubBase,), {})
-    autotuner = stubs._make_mock("triton.runtime.autotuner")
+    jit.KernelInterface = type("KernelInterface", (), {})
+    autotuner = mock("triton.runtime.autotuner")
     autotuner.OutOfResources = type("OutOfResources", (Exception,), {})
     autotuner.PTXASError = type("PTXASError", (Exception,), {})
-    cache = stubs._make_mock("triton.runtime.cache")
-    cache.triton_key = stubs._triton_key
-    compiler = stubs._make_mock("triton.compiler.compiler")
-    compiler.triton_key = stubs._triton_key
-    compiler.ASTSource = type("ASTSource", (stubs._StubBase,), {})
-    stubs._make_mock("triton.compiler").CompiledKernel = type("CompiledKernel",
-                                                              (stubs._StubBase,), {})
-    stubs._make_mock("triton.backends.compiler").GPUTarget = type("GPUTarget",
-                                                                   (stubs._StubBase,), {})
+    compiler = mock("triton.compiler.compiler")
+    compiler.ASTSource = type("ASTSource", (), {})
+    mock("triton.runtime.cache").triton_key = compiler.triton_key = lambda: "triton-stub"
+    mock("triton.compiler").CompiledKernel = type("CompiledKernel", (), {})
+    mock("triton.backends.compiler").GPUTarget = type("GPUTarget", (), {})
+
+
+class TritonConfig:
+    """`triton.Config` of `@triton.autotune` lists: kept, never used."""
+
+    def __init__(self, kwargs=None, num_warps=4, num_stages=2, **extra):
+        self.kwargs, self.num_warps, self.num_stages = kwargs or {}, num_warps, num_stages
+
+
+class Constexpr:
+    """`triton.language.constexpr`, as an annotation and a value wrapper."""
+
+    def __init__(self, value=None):
+        self.value = value
 
 
 class InterpolationMode(enum.Enum):
@@ -146,10 +137,9 @@ def install_stand_in(root: str) -> None:
 
 
 def install() -> None:
-    stubs = sglang_stub_module()
-    if stubs is None:
+    if importlib.util.find_spec("sglang") is None:
         return
-    install_triton(stubs)
+    install_triton()
     install_stand_in("torchvision")
     install_stand_in("sgl_kernel")
     install_stand_in("soundfile")

@@ -9,7 +9,7 @@ clean KV), exactly as `LowConfidence` finishes a block; the head's keys of the b
 written then, from that forward's hidden states (`base.MrpAlgorithm.store_blocks`). The
 head steps attend to those keys of every earlier block, as the library's (`head_pool.py`).
 
-Deliberately not here: SGLang batch surgery (see `verify_batch.py`); the head's weights
+Deliberately not here: SGLang's names (see `sglang_forward.py`); the head's weights
 (see `head_host.py`).
 
 Shapes: B requests, L block size, H hidden, V vocab.
@@ -30,14 +30,14 @@ class MrpDirect(MrpAlgorithm):
                                      "pick and K head picks per forward); threshold is "
                                      "MrpSpeculative's")
 
-    def run(self, model_runner, forward_batch, algo_states=None):
+    def decode(self, model_runner, forward_batch, states):
         host = self.model_parts(model_runner)[1]
-        one = OneStep.run(model_runner, forward_batch, algo_states, self.block_size,
+        one = OneStep.run(model_runner, forward_batch, states, self.block_size,
                           self.mask_id)
         block = one.step.rows.tokens  # (B, L)
         if not all(one.done):
             context = self.head_context(model_runner, forward_batch,
-                                        list(range(forward_batch.batch_size)))
+                                        list(range(len(states))))
             block = direct_step(context, host, one.step, self.lookahead)
         finished = [i for i, d in enumerate(one.done) if d]
         self.store_blocks(model_runner, forward_batch, finished, block[finished],

@@ -9,13 +9,14 @@ fingerprint hashes exactly the checkpoint's lm_head. Under tensor parallelism ea
 holds a vocabulary shard of the lm_head: the host then gathers the logits of every shard
 (`gather`, SGLang's all-gather), and the head is loaded against the gathered lm_head.
 
-Deliberately not here: SGLang's model class (see `models/sdar_mrp.py`) and any decoding.
+Deliberately not here: SGLang's model class (`sglang_forward.MrpModel`) and any decoding.
 
 Shapes: T tokens, H hidden, V vocab.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -27,7 +28,9 @@ from mrp_dlm.model.files import read_json
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.hf_config import config_from_hf
 from mrp_dlm.model.loading import load_head
-from mrp_dlm.serving.config import BlockFacts
+from mrp_dlm.serving.config import BlockFacts, load_serving_config
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,3 +94,20 @@ def load_host_head(directory: Path, host: HeadHost) -> MRPHead:
         whole = host.gather(shard).T[:host.config.vocab_size]  # (V, H)
         host = replace(host, lm_head=LinearView(whole), gather=None)
     return load_head(directory, host, host.config.block_size)
+
+
+def attach_head(config_path: str | None, hf_config: Any, embed_tokens: Callable,
+                lm_head_weight: torch.Tensor, facts: BlockFacts,
+                gather: Optional[Callable] = None) -> tuple[HeadHost, MRPHead | None]:
+    """(host, head) of a served model: the head named by the YAML, checked against the
+    model (whole: the caller keeps its rank's share); None when it names none
+    (MrpSpeculative self-drafts, only the host is needed). `gather`: as `host_of`'s."""
+    serving = load_serving_config(config_path)
+    host = host_of(hf_config, embed_tokens, lm_head_weight, facts, gather)
+    if serving.head_directory() is None:
+        log.info("no MRP head: MrpSpeculative self-drafts (the rule on the seed logits)")
+        return host, None
+    head = load_host_head(serving.head_directory(), host)
+    log.info("MRP head loaded from %s (%d layers, block size %d)", serving.head,
+             head.config.num_layers, facts.block_size)
+    return host, head

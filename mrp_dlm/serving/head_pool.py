@@ -2,29 +2,20 @@
 indexed by SGLang's KV slot ids, and the head's steps on the current block of a batch.
 
 The head attends like the backbone (`model/head.py`): within its block and to its own keys
-and values of every earlier block. An earlier block's keys are the head run on the block's
-clean tokens with h_in = the backbone's hidden states of the forward that wrote the block's
-clean KV, each block seeing the blocks before it. Under SDAR every block of a request runs
-through the dLLM algorithm (SGLang forwards a prompt's full blocks one per dLLM forward,
-prefix-cached, before the first block with masks), so the algorithm writes a block's head
-keys in the call where it reports the block done (`store`), batched over the requests done
-in that call.
+of every earlier block, which are the head run on the block's clean tokens with h_in = the
+hidden states of the forward that wrote the block's clean KV. Every block of a request runs
+through the dLLM algorithm, so the algorithm writes a block's head keys in the call that
+reports it done (`store`), batched over the requests done in that call.
 
-The pool is indexed as SGLang's own KV pool is: row s holds the head's keys of the token
-whose backbone KV sits in slot s (`req_to_token[request row, position]`). A prefix that
-SGLang's radix cache hands to a new request therefore brings its head keys along, and a
-block's keys are written exactly when its backbone KV becomes final. The pool is allocated
-once, sized from SGLang's token pool, and never grown; SGLang leaves room for it because the
-plugin adds its bytes to SGLang's per-token KV size (`head_bytes_per_token`, see plugin.py).
-Memory per token: head layers * 2 (keys, values) * nkv * hd * dtype bytes.
+Row s of the pool holds the head's keys of the token whose backbone KV sits in slot s, so
+a prefix SGLang's radix cache hands to a new request brings its head keys along. The pool
+is allocated once from SGLang's token pool size; SGLang leaves room for it because the
+plugin adds its bytes to SGLang's per-token KV size (`head_bytes_per_token`, `plugin.py`).
+A head call gathers each request's earlier keys padded to the longest with masked slots
+(P), its block's keys after them: equal to the library's `HeadCache` up to float rounding.
 
-A head call on R requests gathers each request's keys of slots [0, block start) into a
-tensor padded to the longest with masked slots (P), and its own block's keys follow them
-(slots P .. P + L). A masked key adds exactly nothing to attention, so this equals the
-library's `HeadCache` (left-padded rows) up to float rounding.
-
-Deliberately not here: when a block is done or a head step runs (see `direct.py`,
-`speculative.py`), the head's layers (`model/head.py`).
+Deliberately not here: when a block is done or a head step runs (`direct.py`,
+`speculative.py`); the head's layers (`model/head.py`); SGLang's names (`sglang_forward.py`).
 
 Shapes: R requests of a call, P prefix slots (the longest request's), L block size,
 T tokens of a head call, S pool slots, nkv key/value heads, hd head dim, H hidden.
@@ -40,6 +31,8 @@ import torch
 
 from mrp_dlm.model.head import HeadAttention, HeadBackbone, MRPHead
 from mrp_dlm.serving.head_tp import kv_heads_of
+from mrp_dlm.serving.sglang_forward import (block_positions, kv_slot_count, prefix_lengths,
+                                            request_slots)
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +59,7 @@ class HeadPool:
     @classmethod
     def for_runner(cls, model_runner: Any, head: MRPHead) -> "HeadPool":
         """A pool over every slot id of the runner's KV allocator (ids < size + page size)."""
-        allocator = model_runner.token_to_kv_pool_allocator
-        slots = allocator.size + getattr(allocator, "page_size", 1)
+        slots = kv_slot_count(model_runner)
         cfg, weight = head.backbone_config, head.fuse.weight
         nkv = kv_heads_of(head)  # this TP rank's
         pool = cls(head.config.num_layers, slots, nkv, cfg.head_dim, weight.dtype, weight.device)
@@ -168,25 +160,20 @@ def request_context(pool: HeadPool, head: MRPHead, host: HeadBackbone, model_run
     on the block's tokens and hidden states only (not on its attention)."""
     L = host.config.block_size
     device = pool.keys.device
-    index = torch.tensor(requests, dtype=torch.long)  # (R,)
-    lengths = torch.tensor([int(forward_batch.extend_prefix_lens_cpu[i]) if prefix else 0
-                            for i in requests], dtype=torch.long)  # (R,) earlier tokens
+    lengths = torch.tensor(prefix_lengths(forward_batch, requests) if prefix
+                           else [0] * len(requests), dtype=torch.long)  # (R,) earlier tokens
     P = int(lengths.max()) if requests else 0
-    table = model_runner.req_to_token_pool.req_to_token  # (rows, max context)
-    rows = forward_batch.req_pool_indices.to(table.device)[index.to(table.device)].long()  # (R,)
-    ids = table[rows, :P].long().to(device)  # (R, P)
-    valid = (torch.arange(P)[None, :] < lengths[:, None]).to(device)  # (R, P)
-    positions = forward_batch.positions.view(-1, L)[index.to(forward_batch.positions.device)]
+    columns = torch.arange(P).expand(len(requests), P)  # (R, P)
+    ids = request_slots(model_runner, forward_batch, requests, columns).to(device)  # (R, P)
+    valid = (columns < lengths[:, None]).to(device)  # (R, P)
+    positions = block_positions(forward_batch, L)[torch.tensor(requests, dtype=torch.long)]
     return HeadContext(pool, head, host, torch.where(valid, ids, 0), valid,
-                       positions.long().to(device))  # positions (R, L)
+                       positions.to(device))  # positions (R, L)
 
 
 def block_slots(model_runner: Any, forward_batch: Any, requests: list[int],
                 block_size: int) -> torch.Tensor:
     """(R, L) KV slots of the requests' current blocks (their own request-table rows)."""
-    table = model_runner.req_to_token_pool.req_to_token  # (rows, max context)
-    rows = forward_batch.req_pool_indices.to(table.device).long()[requests]  # (R,)
-    starts = torch.tensor([int(forward_batch.extend_prefix_lens_cpu[i]) for i in requests],
-                          device=table.device)  # (R,)
-    columns = starts[:, None] + torch.arange(block_size, device=table.device)  # (R, L)
-    return table[rows[:, None], columns].long()  # (R, L)
+    starts = torch.tensor(prefix_lengths(forward_batch, requests), dtype=torch.long)  # (R,)
+    columns = starts[:, None] + torch.arange(block_size)  # (R, L)
+    return request_slots(model_runner, forward_batch, requests, columns)  # (R, L)

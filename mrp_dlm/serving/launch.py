@@ -1,47 +1,39 @@
 """`mrp serve`: what to run to serve a checkpoint through SGLang 0.5.23, flags chosen here.
 
 One command serves a checkpoint (default: the embedded model and its head) with SGLang's
-OpenAI-compatible API on 127.0.0.1. This module turns a `ServeConfig` into a `LaunchPlan`:
-the SGLang command, its environment and the algorithm's YAML. What it chooses:
-- the dLLM algorithm (`MrpSpeculative`, `MrpDirect` or `LowConfidence`) and its YAML;
-  LowConfidence gets the library's default threshold (0.9), not SGLang's 0.95, so that it
-  is the rule MrpSpeculative reproduces;
+OpenAI-compatible API on 127.0.0.1: a `ServeConfig` becomes a `LaunchPlan` (the SGLang
+command, its environment and the algorithm's YAML). It chooses:
+- the dLLM algorithm and its YAML; LowConfidence gets the library's default threshold, the
+  rule MrpSpeculative reproduces (SGLang's own default differs);
 - the checkpoint's own dtype (`--dtype auto` would run a float32 checkpoint in float16);
-- on a CPU: `--device cpu`, `--attention-backend torch_native`, SGLANG_USE_CPU_ENGINE=1,
-  the import stand-ins (see `cpu_standins.py`, installed by `server.py`), a KV pool of at
-  most CPU_MAX_RUNNING_REQUESTS full contexts and CPU_KV_MEMORY_SHARE of the available
-  memory (SGLang would size it from the total memory: 14.5 GB here), and the library's
-  CPU thread rule (`mrp_dlm/threads.py`) unless OMP_NUM_THREADS or MKL_NUM_THREADS is set;
-- on CUDA: SGLang's own defaults;
-- a checkpoint in the published MRP layout (`model/release.py`): SGLang's model table has
-  no `SDARMRPForCausalLM`, so SGLang gets a view of it as `SDARForCausalLM` (config
-  rewritten, weights symlinked; our SGLang model skips the head's tensors) and the MRP
-  algorithms its head from the release's own directory;
-- an MRP head is checked against the checkpoint here (the fingerprint `mrp generate` checks:
-  shape, block size, mask id, lm_head), so a head from another model is refused in one line
-  before SGLang starts rather than in its traceback;
-- a request that leaves out `temperature` is greedy: `--preferred-sampling-params
-  '{"temperature": 0}'`, which `request_defaults.py` makes the OpenAI endpoints honour.
+- on a CPU: `--device cpu`, torch_native attention, SGLANG_USE_CPU_ENGINE=1, the import
+  stand-ins (`cpu_standins.py`), a KV pool of at most CPU_MAX_RUNNING_REQUESTS contexts and
+  CPU_KV_MEMORY_SHARE of the available memory (SGLang sizes it from the total memory), and
+  the library's CPU thread rule unless OMP_NUM_THREADS or MKL_NUM_THREADS is set; on CUDA,
+  SGLang's defaults;
+- for a release (`model/release.py`), an SDAR view of it (SGLang has no SDARMRP class);
+- the head checked against the checkpoint (the fingerprint `mrp generate` checks), so a
+  wrong head is refused in one line before SGLang starts;
+- greedy requests when `temperature` is left out (`--preferred-sampling-params`).
 
-Deliberately not here: running and stopping the process (see `process.py`) and the server
-process's own entry point (see `server.py`).
+Deliberately not here: running and stopping the process (`process.py`), the server
+process's entry point (`server.py`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import shlex
 import sys
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from mrp_dlm.model.files import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
 from mrp_dlm.model.release import backbone_config, is_release_dir, release_fingerprint
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
+from mrp_dlm.serving import sglang_process as door
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
 from mrp_dlm.serving.serve_config import ALGORITHMS, HOST, ServeConfig, ServeError  # noqa: F401
 from mrp_dlm.threads import choose_threads, usable_cpus
@@ -80,7 +72,7 @@ class LaunchPlan:
     device: str  # cpu or cuda
     checkpoint: Checkpoint  # what is served
     head: Path | None  # the MRP head, for the MRP algorithms
-    view_of: Path | None = None  # a release-layout checkpoint, shown to SGLang at --model-path as SDAR
+    view_of: Path | None = None  # a release-layout checkpoint, shown to SGLang as SDAR
 
     @property
     def base_url(self) -> str:
@@ -100,11 +92,15 @@ class LaunchPlan:
 
 
 def check_sglang() -> None:
-    """A clear error when SGLang or this package's plugin registration is missing."""
-    if importlib.util.find_spec("sglang") is None:
+    """A clear error when SGLang, its supported version or this package's plugin
+    registration is missing."""
+    version = door.sglang_version()
+    if version is None:
         raise ServeError(f"`mrp serve` needs SGLang 0.5.23, which is not installed: "
                          f"{INSTALL_HINT}")
-    if "mrp" not in {ep.name for ep in entry_points(group="sglang.srt.plugins")}:
+    if not door.supported():
+        raise ServeError(door.unsupported_message(version))
+    if not door.plugin_registered("mrp"):
         raise ServeError("the mrp-dlm SGLang plugin is not registered (mrp-dlm is not "
                          "installed in this Python, or a stale mrp_dlm.egg-info shadows it): "
                          "reinstall with `pip install -e .` from the checkout")
@@ -153,6 +149,16 @@ def read_checkpoint(directory: Path) -> Checkpoint:
                       context_len=int(raw.get("max_position_embeddings", 32768)))
 
 
+def local_dir(name: str, revision: str | None, what: str) -> Path:
+    """The directory a --model / --head name stands for (`hub.py`), absolute."""
+    from mrp_dlm.hub import HubError, resolve_checkpoint
+
+    try:
+        return resolve_checkpoint(name, revision, what).resolve()
+    except HubError as error:
+        raise ServeError(str(error)) from None
+
+
 def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
     """The MRP head directory of the MRP algorithms: --head, else the embedded head when the
     embedded model is served, else a release's own directory (it holds its head), else
@@ -160,7 +166,7 @@ def head_for(config: ServeConfig, model_dir: Path) -> Path | None:
     if config.algorithm not in MRP_ALGORITHMS:
         return None
     if config.head is not None:
-        head = Path(config.head).expanduser().resolve()
+        head = local_dir(config.head, config.head_revision, "MRP head")
     elif model_dir == embedded_model_dir().resolve():
         head = embedded_head_dir().resolve()
     elif is_release_dir(model_dir):
@@ -273,11 +279,19 @@ def block_size_of(directory: Path) -> int:
     return int(raw.get("block_size") or SDAR_BLOCK_SIZE)
 
 
+def served_name(config: ServeConfig, model_dir: Path) -> str:
+    """The name clients send: a hub id as given, else the directory's name."""
+    local = config.model is None or Path(config.model).expanduser().is_dir()
+    return model_dir.name if local else config.model
+
+
 def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
                 environ: dict[str, str]) -> LaunchPlan:
     """The SGLang server command for `config`; the YAML is to be written at yaml_path, and
     a release's SDAR view (SGLang has no `SDARMRPForCausalLM`) beside it, at VIEW_NAME."""
-    model_dir = Path(config.model).expanduser().resolve() if config.model \
+    if config.model is None and config.revision is not None:
+        raise ServeError(f"a revision ({config.revision}) needs a hub id as the model")
+    model_dir = local_dir(config.model, config.revision, "model") if config.model \
         else embedded_model_dir().resolve()
     checkpoint = read_checkpoint(model_dir)
     head = head_for(config, model_dir)
@@ -287,7 +301,7 @@ def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
     view_of = model_dir if is_release_dir(model_dir) else None
     served = yaml_path.with_name(VIEW_NAME) if view_of else model_dir
     argv = [sys.executable, "-m", "mrp_dlm.serving.server",
-            "--model-path", str(served), "--served-model-name", model_dir.name,
+            "--model-path", str(served), "--served-model-name", served_name(config, model_dir),
             "--host", HOST, "--port", str(config.port), "--dtype", checkpoint.dtype,
             "--dllm-algorithm", config.algorithm, "--dllm-algorithm-config", str(yaml_path),
             "--preferred-sampling-params", json.dumps(GREEDY_DEFAULTS)]

@@ -1,76 +1,63 @@
-"""The SGLang plugin entry point (`sglang.srt.plugins`: `mrp = mrp_dlm.serving.plugin:load`).
+"""The SGLang plugin entry point (`sglang.srt.plugins`: `mrp = mrp_dlm.serving.plugin:load`),
+and what the plugin serves: its algorithms and model architectures, registered here only.
 
 SGLang calls `load()` in every one of its processes before it resolves server arguments.
-It then
-- registers `MrpSpeculative`, `MrpDirect` and `MrpRemask` in SGLang's algorithm registry (a module
-  dict read at call time), so `--dllm-algorithm MrpSpeculative` finds them;
-- points SGLANG_EXTERNAL_MODEL_PACKAGE at `mrp_dlm.serving.models`, so our
-  `SDARForCausalLM` and `SDARMoeForCausalLM` (SGLang's, plus the head, hidden states and
-  SUBS) serve SDAR checkpoints; it must be set before SGLang's model registry is imported;
-- wraps `DllmConfig.from_server_args` so that, for SDAR, the block size and the mask id
-  come from the YAML, else from the model's config.json, else from SGLang's table (SGLang
-  alone always takes mask 151669, which is wrong for any model with its own mask id);
+On any SGLang but the one the plugin is written against it logs one line and registers
+nothing, so SGLang's own models and algorithms serve as usual. Otherwise it
+- registers `MrpSpeculative`, `MrpDirect` and `MrpRemask` in SGLang's algorithm registry;
+- points SGLang's external model package at `mrp_dlm.serving.models` (our model classes,
+  `sglang_forward.MrpModel` on SGLang's own);
 - registers model_types `sdar` and `sdar_moe` with transformers as Qwen3's and Qwen3-MoE's
-  configs (SDAR is Qwen3 layers), so SDAR checkpoints without custom code (ours) load
-  without --trust-remote-code;
-- hooks `ForwardBatch.init_new` to attach each batch's per-request sampling parameters and
-  seeds (`sampling.py`), which `MrpSpeculative` samples with;
-- hooks the scheduler's dLLM result processing to count the serving stats of
-  MrpSpeculative, MrpDirect and LowConfidence on SDAR models (`stats.py`: log and metrics);
-- hooks the OpenAI endpoints so `--preferred-sampling-params` applies to the fields a
-  request leaves out, as it does on `/generate` (`request_defaults.py`);
-- hooks SGLang's per-token KV size (`DefaultPoolConfigurator._compute_cell_size`) to add
-  the head's keys and values per token when an MRP algorithm serves, so that the KV pool
-  SGLang sizes from free memory leaves room for the head's pool (`head_pool.py`: one row
-  per KV slot).
+  configs, so SDAR checkpoints without custom code load without --trust-remote-code;
+- registers the hooks of `sglang_process.HOOKS`, each acting only where an MRP algorithm
+  serves an MRP architecture (`block_facts`, `head_bytes`, and the adapters there); the
+  stats also count `LowConfidence` on those models, the baseline `mrp serve` offers.
 Nothing of SGLang is patched on disk. Importing this module imports no SGLang code.
 
-Deliberately not here: the algorithms and the model class.
+Deliberately not here: the algorithms, the model classes, SGLang's names (the doors
+`sglang_process.py` and `sglang_forward.py`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
+from typing import TYPE_CHECKING, Any, Optional
 
-from mrp_dlm.serving.request_defaults import register_request_defaults
-from mrp_dlm.serving.stats import register_stats_hook
+from mrp_dlm.serving import sglang_process as door
+
+if TYPE_CHECKING:
+    from mrp_dlm.serving.config import BlockFacts
 
 log = logging.getLogger(__name__)
 
 MODELS_PACKAGE = "mrp_dlm.serving.models"
 ALGORITHMS = ("MrpSpeculative", "MrpDirect", "MrpRemask")  # the names `--dllm-algorithm` takes
 HEAD_KEY_ALGORITHMS = ("MrpSpeculative", "MrpDirect")  # keep the head's keys of earlier blocks
+MRP_ARCHITECTURES = tuple(door.MODEL_BASES)  # the model classes of `models/`, by name
 
 
-def load() -> None:
+def load() -> bool:
     """Register the algorithms, the model package and the hooks (SGLang calls this once per
-    process, before it resolves server arguments or imports its model registry)."""
-    existing = os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE")
-    if existing and existing != MODELS_PACKAGE:
-        log.warning("SGLANG_EXTERNAL_MODEL_PACKAGE=%s is set; the MRP model class is not "
-                    "registered, so the MRP algorithms will refuse to run", existing)
-    else:
-        os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = MODELS_PACKAGE
+    process, before it resolves server arguments or imports its model registry); False,
+    having registered nothing, on an SGLang version the plugin is not written against."""
+    if not door.supported():
+        log.warning(door.unsupported_message(door.sglang_version()))
+        return False
+    door.use_model_package(MODELS_PACKAGE)
     register_algorithms()
-    register_block_facts_hook()
-    register_sampling_hook()
     register_sdar_config()
-    register_stats_hook()
-    register_request_defaults()
-    register_head_pool_hook()
+    door.register_hooks()
+    return True
 
 
 def register_algorithms() -> None:
-    from sglang.srt.dllm import algorithm as registry
-
     from mrp_dlm.serving.direct import MrpDirect
     from mrp_dlm.serving.remask import MrpRemask
     from mrp_dlm.serving.speculative import MrpSpeculative
 
     algorithms = {cls.__name__: cls for cls in (MrpSpeculative, MrpDirect, MrpRemask)}
     assert tuple(algorithms) == ALGORITHMS
-    registry.algo_name_to_cls.update(algorithms)
+    door.register_algorithms(algorithms)
 
 
 def register_sdar_config() -> None:
@@ -85,71 +72,36 @@ def register_sdar_config() -> None:
             AutoConfig.register(config.model_type, config)
 
 
-def register_block_facts_hook() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register("sglang.srt.dllm.config.DllmConfig.from_server_args",
-                          block_facts_hook, HookType.AFTER)
-
-
-def register_sampling_hook() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from mrp_dlm.serving.sampling import FORWARD_BATCH_INIT, attach_sampling
-
-    HookRegistry.register(FORWARD_BATCH_INIT, attach_sampling, HookType.AFTER)
+def is_mrp_architecture(hf_config: Any) -> bool:
+    """Whether a Hugging Face config is of an MRP architecture (SDAR, dense or MoE)."""
+    architectures = getattr(hf_config, "architectures", None) or []
+    return architectures[:1] in [[name] for name in MRP_ARCHITECTURES]
 
 
-def block_facts_hook(result, server_args, *args, **kwargs):
-    """After SGLang's own DllmConfig: block size and mask id for SDAR from YAML/config."""
-    if result is None:
-        return result
-    from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.configs.model_config import ModelConfig
+def block_facts(hf_config: Any, yaml_path: Optional[str]) -> Optional["BlockFacts"]:
+    """Block size and mask id of an MRP architecture: the YAML's, else the model's
+    config.json, else SGLang's table (which alone gives mask 151669, wrong for a model with
+    its own mask id); None for any other model (SGLang's own facts stand)."""
+    from mrp_dlm.serving.config import read_yaml, resolve_block_facts
 
-    from mrp_dlm.serving.config import is_sdar, read_yaml, resolve_block_facts
-
-    cfg = resolving_view(server_args)
-    model_config = ModelConfig.from_server_args(server_args, model_path=cfg.model_path,
-                                                model_revision=cfg.revision)
-    if not is_sdar(model_config.hf_config):
-        return result
-    facts = resolve_block_facts(read_yaml(cfg.dllm_algorithm_config), model_config.hf_config)
-    # `mask_id` is SGLang's DllmConfig field (its algorithms and requests read it): not ours
-    result.block_size, result.mask_id = facts.block_size, facts.mask_token_id
-    return result
+    if not is_mrp_architecture(hf_config):
+        return None
+    return resolve_block_facts(read_yaml(yaml_path), hf_config)
 
 
-CELL_SIZE = ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator."
-             "_compute_cell_size")
-
-
-def register_head_pool_hook() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(CELL_SIZE, head_cell_size_hook, HookType.AFTER)
-
-
-def head_cell_size_hook(result, configurator, kvc, *args, **kwargs):
-    """After SGLang's KV bytes per token: plus the MRP head's (its pool has a row per slot)."""
-    from sglang.srt.runtime_context import get_exec, get_parallel
-
+def head_bytes(yaml_path: Optional[str], num_kv_heads: int, head_dim: int, dtype: Any,
+               backbone_bytes: int) -> int:
+    """KV bytes per token the MRP head's pool adds (one row per KV slot, `head_pool.py`)
+    when one of HEAD_KEY_ALGORITHMS serves: 0 without a head."""
     from mrp_dlm.model.release import head_layer_count
     from mrp_dlm.serving.config import load_serving_config
     from mrp_dlm.serving.head_pool import head_bytes_per_token
 
-    dllm = get_exec().dllm
-    if result is None or dllm.dllm_algorithm not in HEAD_KEY_ALGORITHMS or kvc.is_draft_worker:
-        return result
-    directory = load_serving_config(dllm.dllm_algorithm_config).head_directory()
+    directory = load_serving_config(yaml_path).head_directory()
     if directory is None:  # MrpSpeculative without a head: no head pool
-        return result
-    # The head directory is a saved head or a release (whose config is the backbone's).
-    layers = head_layer_count(directory)
-    model = kvc.model_config
-    # per TP rank: its share of the head's kv heads, as SGLang's own per-token size
-    tp = get_parallel().tp_size
-    extra = head_bytes_per_token(layers, model.get_num_kv_heads(tp), model.head_dim, model.dtype)
+        return 0
+    layers = head_layer_count(directory)  # a saved head or a release
+    extra = head_bytes_per_token(layers, num_kv_heads, head_dim, dtype)
     log.info("KV bytes per token: %d for the backbone + %d for the MRP head's %d layers",
-             result, extra, layers)
-    return result + extra
+             backbone_bytes, extra, layers)
+    return extra

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from mrp_dlm.decoding.veto import veto_step
 from mrp_dlm.serving.base import MrpAlgorithm, OneStep
-from mrp_dlm.serving.sampling import batch_sampling
+from mrp_dlm.serving.sglang_forward import batch_sampling
 
 
 class MrpRemask(MrpAlgorithm):
@@ -30,9 +30,9 @@ class MrpRemask(MrpAlgorithm):
         super().__init__(config)
         self.rule = self.serving.remask
 
-    def run(self, model_runner, forward_batch, algo_states=None):
+    def decode(self, model_runner, forward_batch, states):
         head, host = self.model_parts(model_runner)
-        one = OneStep.run(model_runner, forward_batch, algo_states, self.block_size,
+        one = OneStep.run(model_runner, forward_batch, states, self.block_size,
                           self.mask_id)
         block = one.step.rows.tokens  # (B, L)
         if not all(one.done):

@@ -9,40 +9,26 @@ random seed the first time it is batched, kept on the request for its whole life
 round of every block draws from one seed. Seeds are used modulo 2**32, as the library's.
 
 The rows' parameters are read on the host from the batch's requests by a hook after
-`ForwardBatch.init_new` (`attach_sampling`, registered by the plugin), so no device value
-is read back to decide whether a batch is all greedy.
+`ForwardBatch.init_new` (`sglang_process.after_forward_batch_init`, on batches an MRP
+algorithm serves), so no device value is read back to decide whether a batch is greedy.
 
 Deliberately not here: the draws themselves (`decoding/sampling.py`).
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import torch
 
-from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig, map_rows
+from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig
 
-SEED_ATTRIBUTE = "mrp_sampling_seed"  # the fresh seed of a request sent without one
 BATCH_ATTRIBUTE = "mrp_sampling"  # the ForwardBatch's rows' SamplingConfig (host tensors)
-FORWARD_BATCH_INIT = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
 
 
-def request_seed(req: Any) -> int:
-    """The request's own seed, else its fresh one (drawn once, then kept on the request)."""
-    seed = req.sampling_params.sampling_seed
-    if seed is None:
-        seed = getattr(req, SEED_ATTRIBUTE, None)
-        if seed is None:
-            seed = secrets.randbits(32)
-            setattr(req, SEED_ATTRIBUTE, seed)
-    return seed
-
-
-def rows_sampling(reqs: list[Any]) -> SamplingConfig:
-    """The requests' SamplingConfig: GREEDY when all are greedy, else (B,) CPU tensors."""
-    params = [req.sampling_params for req in reqs]
+def rows_sampling(params: list[Any], seeds: list[int]) -> SamplingConfig:
+    """The requests' SamplingConfig from their SGLang sampling params and seeds: GREEDY when
+    all are greedy, else (B,) CPU tensors."""
     greedy = [p.top_k == 1 for p in params]
     if all(greedy):
         return GREEDY
@@ -51,22 +37,12 @@ def rows_sampling(reqs: list[Any]) -> SamplingConfig:
         top_k=torch.tensor([0 if g or p.top_k >= 1 << 30 else p.top_k
                             for g, p in zip(greedy, params)]),
         top_p=torch.tensor([1.0 if g else p.top_p for g, p in zip(greedy, params)]),
-        seed=torch.tensor([request_seed(req) & 0xFFFFFFFF for req in reqs]))
+        seed=torch.tensor([seed & 0xFFFFFFFF for seed in seeds]))
 
 
-def attach_sampling(result: Any, cls: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-    """After the classmethod ForwardBatch.init_new(cls, batch, ...): the rows'
-    SamplingConfig, read from batch.reqs."""
-    reqs = getattr(batch, "reqs", None)
-    if result is not None and reqs is not None:
-        setattr(result, BATCH_ATTRIBUTE, rows_sampling(reqs))
-    return result
+def attach_sampling(forward_batch: Any, params: list[Any], seeds: list[int]) -> Any:
+    """forward_batch with its rows' SamplingConfig attached (read back by
+    `sglang_forward.batch_sampling`)."""
+    setattr(forward_batch, BATCH_ATTRIBUTE, rows_sampling(params, seeds))
+    return forward_batch
 
-
-def batch_sampling(forward_batch: Any, device: torch.device) -> SamplingConfig:
-    """The rows' SamplingConfig on `device` (a clear error if the plugin hook is missing)."""
-    sampling = getattr(forward_batch, BATCH_ATTRIBUTE, None)
-    if sampling is None:
-        raise RuntimeError("the mrp-dlm plugin's sampling hook did not run on this batch; "
-                           "is the plugin loaded in the scheduler process (SGLANG_PLUGINS)?")
-    return map_rows(sampling, lambda value: value.to(device))

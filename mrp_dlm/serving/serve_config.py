@@ -8,7 +8,7 @@ Deliberately not here: what the config turns into (the SGLang command, see `laun
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
@@ -25,16 +25,32 @@ class ServeError(ValueError):
 class ServeConfig:
     """What `mrp serve` takes; everything else it chooses."""
 
-    model: str | None = None  # checkpoint directory (HF format); unset: the embedded model
-    head: str | None = None  # MRP head directory; unset: the embedded head with the embedded model
-    algorithm: str = "MrpSpeculative"  # MrpSpeculative (lossless), MrpDirect, MrpRemask (the paper's residual veto) or LowConfidence
-    threshold: float | None = None  # the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp generate's
-    lookahead: int = DecodeConfig.lookahead  # K: head drafts per round (speculative), commits per forward (direct)
-    adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay
-    remask_delta: float = DecodeConfig.remask_delta  # MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask
-    tp: int = 1  # tensor-parallel size: the backbone and the head split over this many GPUs (or CPU processes)
-    port: int = 30000  # HTTP port on 127.0.0.1
-    device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
+    model: str | None = field(default=None, metadata={"help": (
+        "checkpoint directory (HF format); unset: the embedded model")})
+    head: str | None = field(default=None, metadata={"help": (
+        "MRP head directory; unset: the embedded head with the embedded model")})
+    algorithm: str = field(default="MrpSpeculative", metadata={"help": (
+        "MrpSpeculative (lossless), MrpDirect, MrpRemask (the paper's residual veto) or "
+        "LowConfidence")})
+    threshold: float | None = field(default=None, metadata={"help": (
+        "the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp "
+        "generate's")})
+    lookahead: int = field(default=DecodeConfig.lookahead, metadata={"help": (
+        "K: head drafts per round (speculative), commits per forward (direct)")})
+    adaptive: bool = field(default=DecodeConfig.adaptive, metadata={"help": (
+        "MrpSpeculative: run only the head drafts that pay")})
+    remask_delta: float = field(default=DecodeConfig.remask_delta, metadata={"help": (
+        "MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask")})
+    tp: int = field(default=1, metadata={"help": (
+        "tensor-parallel size: the backbone and the head split over this many GPUs (or CPU "
+        "processes)")})
+    port: int = field(default=30000, metadata={"help": "HTTP port on 127.0.0.1"})
+    device: str = field(default="auto", metadata={"help": (
+        "cpu or cuda; auto: cuda when this machine has one, else cpu")})
+    revision: str | None = field(default=None, metadata={"help": (
+        "branch, tag or commit of a hub id (org/name) --model; unset: main")})
+    head_revision: str | None = field(default=None, metadata={"help": (
+        "branch, tag or commit of a hub id --head; unset: main")})
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:

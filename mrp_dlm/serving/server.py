@@ -21,17 +21,9 @@ if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
 
 
 def main(argv: list[str]) -> None:
-    from sglang.launch_server import run_server
-    from sglang.srt.plugins import load_plugins
-    from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils import kill_process_tree
+    from mrp_dlm.serving.sglang_process import run_server
 
-    load_plugins()
-    server_args = prepare_server_args(argv)
-    try:
-        run_server(server_args)
-    finally:
-        kill_process_tree(os.getpid(), include_parent=False)
+    run_server(argv)
 
 
 if __name__ == "__main__":

@@ -1,55 +1,23 @@
 """`MrpSpeculative`: lossless MRP speculative decoding as an SGLang dLLM algorithm (FDFO).
 
-Each `run()` does one forward in which every request has one or more rows:
-- a request with drafts pending verifies them all: its candidates S_1 .. S_M (M = K + 1)
-  as extra rows plus its own row carrying S_M (see `verify_batch.py`);
-- any other request (a fresh block, a finished block to store, or one whose scratch rows
-  or slots ran short: the one-row static fallback) forwards its accepted state alone.
-Then the round runs batched over all requests, on the device, in the library's phases
-(`decoding/round.py`): accept and seed (the rule's step on each candidate followed by
-another, one `count_accepted` over the requests' chains padded to the longest; request b
-accepts n_b >= 1 candidates and the forward's row of S_n seeds it), then plan and draft
-(one chain: S_1, the backbone's own threshold step, is accepted at once, and the own row
-carries S_m next round, m <= M; the chain stops once no drafting request has a mask left,
-and the head's context is built only at its first head step). So a request without
-scratch rows still advances one exact threshold step per forward.
-Only what the request-table rows free at draft time can verify next call is drafted
-(`drafters`, `verify_batch.spare_rows`): SGLang's request table is as large as its
-running-request cap, so at the cap (as `mrp serve` runs a CPU at 8 requests and more)
-no row is free, nothing drafts, and a call is LowConfidence's forward and step; rows for
-fewer drafts than the plan's for every request go to the requests with masks left, the
-same first drafts each (a first draft is accepted most often).
-A block is done when its accepted state has no masks left AND its own row forwarded
-exactly that state (so the clean KV sits in the block's real slots; the head's keys of
-the block are written then from that row's hidden states, one head forward for all
-requests done in the call, see `head_pool.py`; not on a full request table, where no
-request could draft with them); a clean block whose own row held another state is
-stored by one more single-row forward.
-The host reads the round once: the next ids, done and pending drafts (SGLang's answer
-needs them as lists anyway) with the verdicts (per request: accepted, chain validity),
-from which the planner, per drafting plan, and the serving stats, per request, are
-recorded (the planner sees them from the next call's plan on). Besides that, the
-drafting chain's stop check, one per draft as in the library decoder, and, only when the
-free rows cannot take the whole plan of every request, which requests have masks left.
+Each call (`decode`) is one forward in which every request has one or more rows: a request
+with drafts pending verifies its candidates S_1 .. S_M (M = K + 1) as extra rows plus its
+own row carrying S_M (`sglang_forward.build_rows_batch`); any other request forwards its
+accepted state alone. The round then runs batched over all requests, on the device, in the
+library's phases (`decoding/speculative.py`): accept and seed (request b accepts n_b >= 1
+candidates; the forward's row of S_n seeds it), then plan and draft one chain (S_1, the rule's own step, is accepted at
+once: a request that drafts nothing still advances one exact step per forward). Only as
+many drafts as the request table's free rows can verify next call are drafted (`drafters`):
+at the running-request cap no row is free, and a call is LowConfidence's forward and step.
+A block is done when its accepted state has no masks and its own row forwarded exactly that
+state; the head's keys of done blocks are written then (`head_pool.py`). The host reads the
+round once: SGLang's answer, the pending drafts, and the verdicts for the planner and the
+stats. Every committed state is the backbone's own step on the state before it, so the
+output equals `LowConfidence` at the YAML's `threshold`, token for token; with `adaptive`
+the planner drafts only what the acceptance and costs it measures say pay.
 
-With `adaptive` (the YAML's, default on) the chain drafts only what pays, each later draft
-a head draft or a self-draft (the rule's step on the seed logits, no head step), as
-`decoding/drafting.py` plans it from the acceptance of each source measured so far against
-the cost of a head step and a row per request, learnt per batch-size bucket from this
-server's own timed forwards; with none, a request's next forward is its one row, as
-`LowConfidence`'s.
-
-Each drafting round's verified and accepted drafts go to the serving stats (`stats.py`).
-Scratch rows and slots are freed inside the same call (held until the next, a row could
-stall SGLang's scheduler: see `verify_batch.py`). Acceptance is per request: no
-request waits for another. The rule is `LowConfidence`'s at the YAML's `threshold` (every
-masked position above it, else the most confident; 1.0: static decoding, one token per
-forward). Every committed state is the backbone's own step on the state before it, so the
-output equals `LowConfidence` at that threshold, token for token.
-
-Deliberately not here: the pure draft/accept phases (shared with the library decoder, see
-`decoding/speculative.py` and `decoding/round.py`) and SGLang batch surgery (see
-`verify_batch.py`).
+Deliberately not here: the pure draft/accept phases (`decoding/`); SGLang's names
+(`sglang_forward.py`).
 
 Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidates.
 """
@@ -61,17 +29,20 @@ from typing import Callable, Optional
 
 import torch
 
-from mrp_dlm.decoding.drafting import HEAD, SELF, CostProbe, DraftPlanner, Timer
-from mrp_dlm.decoding.round import count_accepted, record_round, rule_steps
+from mrp_dlm.decoding.costs import HEAD, SELF, Timer
+from mrp_dlm.decoding.drafting import DraftPlanner
 from mrp_dlm.decoding.sampling import SamplingConfig
 from mrp_dlm.decoding.selection import Rule
-from mrp_dlm.decoding.speculative import Drafter, Drafts, draft
+from mrp_dlm.decoding.speculative import (Drafter, Drafts, count_accepted, draft,
+                                          record_verdicts, rule_steps)
 from mrp_dlm.decoding.step import BackboneStep, BlockRows
-from mrp_dlm.serving.base import MrpAlgorithm, prompt_mask_of, run_rows
+from mrp_dlm.serving.base import MrpAlgorithm
 from mrp_dlm.serving.head_pool import HeadContext
-from mrp_dlm.serving.sampling import batch_sampling
+from mrp_dlm.serving.sglang_forward import (Answer, Scratch, batch_sampling, block_ids,
+                                            block_positions, build_rows_batch, forward_rows,
+                                            prompt_mask_of, reserve, served_model,
+                                            spare_rows, write_block_ids)
 from mrp_dlm.serving.stats import stats_of
-from mrp_dlm.serving.verify_batch import Scratch, build_rows_batch, reserve, spare_rows
 
 
 @dataclass
@@ -94,8 +65,9 @@ class Round:
 
 @dataclass(frozen=True)
 class Chains:
-    """Every request's rows of this call's forward as candidate chains padded to the
-    longest (see `decoding/round.py`): padding repeats a request's own row, invalid."""
+    """Every request's rows of this call's forward as chains of states padded to the
+    longest (`decoding.speculative.count_accepted`): padding repeats a request's own row,
+    invalid."""
 
     rows: torch.Tensor  # (N, L) the forward's rows, each request's own row last
     index: torch.Tensor  # (B, M) int64, the row of each candidate; [:, -1]: the own row
@@ -179,13 +151,13 @@ class MrpSpeculative(MrpAlgorithm):
         self.threshold = self.serving.speculative_threshold
         self.planner = DraftPlanner(self.lookahead, self.serving.adaptive,  # by size bucket
                                     head=self.serving.head is not None)
-        self.last_draft = (0, 0, 0.0)  # drafts after the first, head steps, seconds: the last
+        self.last_draft: tuple[tuple[str, ...], float] = ((), 0.0)  # sources, seconds: the last
 
-    def run(self, model_runner, forward_batch, algo_states=None):
-        B, L = forward_batch.batch_size, self.block_size
+    def decode(self, model_runner, forward_batch, algo_states):
+        B, L = len(algo_states), self.block_size
         bucket = 1 << (B - 1).bit_length()  # 1, 2, 4, 8, ...: costs are kept per bucket
         probe = self.planner.probe(bucket)
-        timer = Timer(forward_batch.input_ids.device, enabled=probe is not None)
+        timer = Timer(block_ids(forward_batch, L).device, enabled=probe is not None)
         states = self.carried_states(forward_batch, algo_states)
         scratch = Scratch(model_runner)
         try:
@@ -198,17 +170,17 @@ class MrpSpeculative(MrpAlgorithm):
         finally:
             scratch.release()
         if probe is not None:
-            self.sample(probe, bucket, rounds, self.agreed_seconds(model_runner, seconds))
-        positions = forward_batch.positions.view(B, L).long()  # (B, L)
+            self.sample(bucket, rounds, self.agreed_seconds(model_runner, seconds))
+        positions = block_positions(forward_batch, L)  # (B, L)
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
         settled = self.settle(chains, prompt, logits, hidden, positions, sampling)
-        spare = spare_rows(model_runner, L)  # for the next verify: none on a full table
-        requests, plan = self.drafters(spare, self.planner.plan(bucket), settled.eligible,
-                                       probe is not None)
+        free = spare_rows(model_runner, L)  # free rows for the next verify: none on a full table
+        requests, plan = self.drafters(free, self.planner.plan(bucket).sources,
+                                       settled.eligible, probe is not None)
         drafted = self.draft_all(model_runner, forward_batch, settled, positions, sampling,
                                  plan, timer, requests)
-        forward_batch.input_ids.copy_(drafted.last.reshape(-1).to(forward_batch.input_ids.dtype))
+        write_block_ids(forward_batch, drafted.last)
         read = torch.cat([drafted.last, settled.done[:, None], drafted.pending[:, None],
                           settled.accepted[:, None], chains.valid], dim=1).long().tolist()
         # ^ the one host read: SGLang's answer (next ids, done), pending drafts, verdicts
@@ -217,11 +189,10 @@ class MrpSpeculative(MrpAlgorithm):
         for i, state in enumerate(states):
             state.accepted = drafted.first[i]  # the backbone's own step: exact
             state.drafts = drafted.of(i) if read[i][L + 1] else None
-        if spare:  # on a full table no request drafts: the head's keys would go unread
+        if free:  # on a full table no request drafts: the head's keys would go unread
             self.store_done(model_runner, forward_batch, settled, hidden[chains.index[:, -1]],
                             done)
-        return (out.logits_output, [row[:L] for row in read], [L if d else 0 for d in done],
-                [None if d else s for s, d in zip(states, done)], out.can_run_graph)
+        return Answer(out, [row[:L] for row in read], done, states)
 
     def drafters(self, rows: int, plan: tuple[str, ...], eligible: torch.Tensor,
                  probing: bool) -> tuple[list[int], tuple[str, ...]]:
@@ -250,10 +221,9 @@ class MrpSpeculative(MrpAlgorithm):
         return Rule(self.mask_id, self.threshold, sampling)
 
     def carried_states(self, forward_batch, algo_states) -> list[BlockState]:
-        B, L = forward_batch.batch_size, self.block_size
-        ids = forward_batch.input_ids.view(B, L)
+        L = self.block_size
+        ids = block_ids(forward_batch, L)  # (B, L)
         prompt = prompt_mask_of(forward_batch, L, self.mask_id)  # (B, L)
-        algo_states = algo_states or [None] * B
         return [state if state is not None else BlockState(ids[i].clone(), prompt[i])
                 for i, state in enumerate(algo_states)]
 
@@ -279,16 +249,16 @@ class MrpSpeculative(MrpAlgorithm):
         hidden (N, L, H))."""
         L = self.block_size
         if not scratch.reservations:  # one row per request: SGLang's own batch
-            forward_batch.input_ids.copy_(rows_ids.view(-1).to(forward_batch.input_ids.dtype))
-            return run_rows(model_runner, forward_batch, L)
+            write_block_ids(forward_batch, rows_ids)
+            return forward_rows(model_runner, forward_batch, L)
         rows, _ = build_rows_batch(model_runner, forward_batch, scratch.reservations,
                                    rows_ids, L)
-        return run_rows(model_runner, rows, L)
+        return forward_rows(model_runner, rows, L)
 
     def settle(self, chains: Chains, prompt: torch.Tensor, logits: torch.Tensor,
                hidden: torch.Tensor, positions: torch.Tensor, sampling: SamplingConfig
                ) -> Settled:
-        """One batched accept over every request's chain (`decoding/round.py`); the verify
+        """One batched accept over every request's chain (`decoding/speculative.py`); the verify
         slice of each accepted state S_n is its seed. prompt, positions: (B, L)."""
         B, M = chains.index.shape
         if M == 1:  # one row per request, its own: no copy of the logits
@@ -334,7 +304,7 @@ class MrpSpeculative(MrpAlgorithm):
         drafter = Drafter(context, self.model_parts(model_runner)[1],
                           self.rule(sampling).rows(index))
         drafts = draft(drafter, seed, rows, plan)  # (R, m, L)
-        self.last_draft = (len(drafts.sources), drafts.sources.count(HEAD), timer.stop())
+        self.last_draft = (drafts.sources, timer.stop())
         first = first.index_copy(0, index, drafts.states[:, 0])  # (B, L)
         if drafts.states.shape[1] == 1:
             return Drafted(first, first, none)
@@ -365,7 +335,7 @@ class MrpSpeculative(MrpAlgorithm):
             m = len(sources) + 1
             accepted = [verdicts[i][0] for i in requests]  # (R,)
             valid = [verdicts[i][1:1 + m] for i in requests]  # (R, m)
-            record_round(self.planner, sources, torch.tensor(accepted),
+            record_verdicts(self.planner, sources, torch.tensor(accepted),
                          torch.tensor(valid, dtype=torch.bool))  # host tensors: no device read
             for n, row in zip(accepted, valid):
                 self_drafted = sum(ok and source == SELF for ok, source in zip(row[1:], sources))
@@ -383,23 +353,21 @@ class MrpSpeculative(MrpAlgorithm):
     def agreed_seconds(self, model_runner, seconds: float) -> float:
         """This call's forward time, and the last draft's, the same on every TP rank (their
         max), so that every rank learns the same costs and plans the same drafts."""
-        agree = getattr(model_runner.model, "agree", None)
+        agree = getattr(served_model(model_runner), "agree", None)
         if agree is None:
             return seconds
-        seconds, drafted = agree([seconds, self.last_draft[2]])
-        self.last_draft = (*self.last_draft[:2], drafted)
+        seconds, drafted = agree([seconds, self.last_draft[1]])
+        self.last_draft = (self.last_draft[0], drafted)
         return seconds
 
-    def sample(self, probe: CostProbe, bucket: int, rounds: list[Round], seconds: float
-               ) -> None:
+    def sample(self, bucket: int, rounds: list[Round], seconds: float) -> None:
         """A probe sample from this call's forward when every request held the same number
-        of rows: one (a plain forward), or the m candidates of the last drafting."""
+        of rows: one (a plain forward), or the m states of the last drafting."""
         sizes = {r.states.shape[0] for r in rounds}
         if len(sizes) != 1:
             return
         m = sizes.pop()
         if m == 1:
-            probe.add_forward(seconds)
-        elif all(r.sources for r in rounds) and self.last_draft[0] == m - 1:
-            probe.add_round(self.last_draft[1], self.last_draft[2], m, seconds)
-        self.planner.learn(bucket)
+            self.planner.time(bucket, seconds, 1)
+        elif all(r.sources for r in rounds) and len(self.last_draft[0]) == m - 1:
+            self.planner.time(bucket, seconds, m, *self.last_draft)

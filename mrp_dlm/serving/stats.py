@@ -1,28 +1,22 @@
-"""Serving stats of the dLLM algorithms on SDAR models, per algorithm: in the log and in
-SGLang's Prometheus metrics (`--enable-metrics`).
+"""Serving stats of the dLLM algorithms on MRP architectures, per algorithm: in the log and
+in SGLang's Prometheus metrics (`--enable-metrics`).
 
-Counted where SGLang's scheduler turns a dLLM forward's result into request outputs (a
-hook around `SchedulerDllmMixin.process_batch_result_dllm`, `count_dllm_result`), so
-MrpSpeculative, MrpDirect and LowConfidence are counted the same way. Under FDFO (the
-only mode counted) each call is one forward of every request in the batch:
-- forwards: a request's forwards over blocks that reach past its prompt (one per forward,
-  however many verify rows the request had in it); a block that is all prompt (a prefill
-  chunk) is counted apart, as a prefill forward, and never in tokens per forward;
-- tokens: what a finished request returns (after its stop token), as `mrp generate`'s
-  stats count them; the ratios are over finished requests;
-- MrpSpeculative adds its drafting rounds: the rounds that verified at least one draft
-  after the first, the drafts verified, of which self-drafts (the rest are head drafts),
-  and the drafts accepted (`record_round`).
-SGLang's own requests are not counted: its start-up warm-up (one `/generate` of
-WARMUP_TEXT, 8 tokens) and every `/health_generate` check (rid HEALTH_CHECK_...), so two
-chats read as two requests.
-The log has one line per finished request, with the server's totals. With
-`--enable-metrics`, the counters METRICS (label `algorithm`) join SGLang's on `/metrics`:
-SGLang collects every process's prometheus_client values from PROMETHEUS_MULTIPROC_DIR,
-which it sets before it starts the scheduler, so a counter the scheduler creates is
-served with SGLang's own. Ratios are PromQL divisions of their rates.
+Counted where SGLang's scheduler turns a dLLM forward's result into request outputs (the
+hook `sglang_process.around_dllm_result`), so the MRP algorithms and LowConfidence, their
+baseline, are counted the same way. Under FDFO (the only mode counted) each call is one
+forward of every request in the batch:
+- forwards: a request's forwards over blocks past its prompt (one per forward, however many
+  verify rows it had); a block that is all prompt is counted apart, as a prefill forward;
+- tokens: what a finished request returns (after its stop token), as `mrp generate` counts;
+- MrpSpeculative adds its drafting rounds: rounds that verified a draft after the first,
+  the drafts verified (of which self-drafts) and accepted (`record_round`).
+SGLang's own requests (its warm-up, `/health_generate`) are not counted. The log has one
+line per finished request, with the server's totals. With `--enable-metrics` the counters
+METRICS (label `algorithm`) join SGLang's on `/metrics` (SGLang collects every process's
+prometheus_client values from PROMETHEUS_MULTIPROC_DIR). Ratios are PromQL divisions.
 
-Deliberately not here: decoding (the algorithms only call `record_round`).
+Deliberately not here: decoding (the algorithms only call `record_round`); reading
+SGLang's scheduler (`sglang_process.py`).
 """
 
 from __future__ import annotations
@@ -32,16 +26,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from mrp_dlm.serving.config import is_sdar
-
 log = logging.getLogger(__name__)
 
 COUNTED_ALGORITHMS = ("MrpSpeculative", "MrpDirect", "MrpRemask", "LowConfidence")  # on SDAR models
-SCHEDULER_TARGET = ("sglang.srt.dllm.mixin.scheduler.SchedulerDllmMixin."
-                    "process_batch_result_dllm")
-HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"  # sglang.srt.constants: /health_generate's requests
-WARMUP_TEXT = "The capital city of France is"  # what SGLang's server warm-up decodes
-WARMUP_MAX_NEW_TOKENS = 8  # and how many tokens it asks for (http_server._execute_server_warmup)
 METRICS = {  # ServingStats counter -> (Prometheus name without _total, help)
     "requests": ("mrp_dlm_requests", "finished requests"),
     "forwards": ("mrp_dlm_forwards", "forwards of finished requests' generation blocks"),
@@ -173,54 +160,12 @@ def metric_sink() -> MetricSink:
     return SINKS[0]
 
 
-def counted_algorithm(scheduler: Any) -> Any:
-    """The scheduler's dLLM algorithm when its results are counted here, else None: one of
-    COUNTED_ALGORITHMS, under FDFO, serving an SDAR model."""
-    config = getattr(scheduler, "dllm_config", None)
-    if config is None or not config.first_done_first_out_mode \
-            or config.algorithm not in COUNTED_ALGORITHMS:
-        return None
-    if not is_sdar(scheduler.model_config.hf_config):
-        return None
-    return scheduler.tp_worker.dllm_algorithm
-
-
-def returned_tokens(req: Any) -> int:
-    """Tokens a finished request returns: its output up to the stop SGLang found."""
-    limit = getattr(req, "finished_len", None)
-    return len(req.output_ids) if limit is None else min(len(req.output_ids), limit)
-
-
-def is_server_probe(req: Any) -> bool:
-    """A request SGLang sends itself (start-up warm-up, health check), not a client's."""
-    if str(req.rid).startswith(HEALTH_CHECK_RID_PREFIX):
-        return True
-    params = getattr(req, "sampling_params", None)
-    return getattr(req, "origin_input_text", None) == WARMUP_TEXT \
-        and getattr(params, "max_new_tokens", None) == WARMUP_MAX_NEW_TOKENS
-
-
-def count_dllm_result(original, scheduler, batch, result, *args, **kwargs):
-    """Around `process_batch_result_dllm`: count the forward's requests, log each finished
-    one, export the counters when metrics are on."""
-    algorithm = counted_algorithm(scheduler)
-    if algorithm is None:
-        return original(scheduler, batch, result, *args, **kwargs)
-    generating = [req.extend_end > len(req.origin_input_ids) for req in batch.reqs]
-    output = original(scheduler, batch, result, *args, **kwargs)
-    rows = [RequestForward(rid=str(req.rid), generating=gen, finished=req.finished(),
-                           returned=returned_tokens(req) if req.finished() else 0)
-            for req, gen in zip(batch.reqs, generating) if not is_server_probe(req)]
+def count_forward(algorithm: Any, rows: list[RequestForward], metrics: bool) -> None:
+    """One forward's requests to the algorithm's stats: a log line per finished request,
+    the counters exported when `metrics` (--enable-metrics) is on."""
     stats = stats_of(algorithm)
     for done in stats.record(rows):
         log.info("%s: request %s returned %d tokens in %d forwards; server: %s",
                  stats.algorithm, done.rid, done.tokens, done.forwards, stats.summary())
-    if scheduler.metrics_reporter.enable_metrics:
+    if metrics:
         metric_sink().export(stats)
-    return output
-
-
-def register_stats_hook() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(SCHEDULER_TARGET, count_dllm_result, HookType.AROUND)

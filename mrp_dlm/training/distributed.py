@@ -6,8 +6,9 @@ noise for all of it, and keeps its own B / N rows; DDP averages the gradients. R
 alone writes checkpoints and logs. Backend: nccl for CUDA devices, gloo on the CPU.
 
 torchrun passes the world to its processes through the environment (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT: torch.distributed's `env://` protocol); this module
-is the one place that reads it. Without WORLD_SIZE > 1 everything is a plain 1-process run.
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: torch.distributed's `env://`
+protocol); this module is the one place that reads it. Without WORLD_SIZE > 1 everything
+is a plain 1-process run.
 
 Deliberately not here: what is trained (see `head_loop.py`).
 
@@ -37,6 +38,7 @@ class World:
     size: int  # number of processes
     device: str  # this process's torch device (cuda:LOCAL_RANK under torchrun on CUDA)
     owns_group: bool  # True when this module created the process group (and destroys it)
+    local_size: int = 1  # processes on this node (torchrun's LOCAL_WORLD_SIZE)
 
     @property
     def is_main(self) -> bool:
@@ -46,7 +48,9 @@ class World:
 def join_world(device: str) -> World:
     """The running torchrun world (initialising its process group), or a 1-process world."""
     if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size(), device, owns_group=False)
+        size = dist.get_world_size()
+        return World(dist.get_rank(), size, device, owns_group=False,
+                     local_size=local_world_size(size))
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
         return World(0, 1, device, owns_group=False)
@@ -55,7 +59,13 @@ def join_world(device: str) -> World:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     log.info("rank %d of %d on %s", dist.get_rank(), size, device)
-    return World(dist.get_rank(), size, device, owns_group=True)
+    return World(dist.get_rank(), size, device, owns_group=True,
+                 local_size=local_world_size(size))
+
+
+def local_world_size(size: int) -> int:
+    """Processes on this node: torchrun's LOCAL_WORLD_SIZE, else all of them."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", size))
 
 
 def finish_together(world: World) -> None:

@@ -28,6 +28,7 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
 from mrp_dlm.training.data import Sample
 from mrp_dlm.training.distributed import World, all_sum
+from mrp_dlm.training.sharding import lockstep
 
 
 def prompt_ids(samples: Sequence[Sample], count: int) -> list[list[int]]:
@@ -60,11 +61,12 @@ def measure_acceptance(head: MRPHead, backbone: Backbone, prompts: list[list[int
     decode = acceptance_config(config)
     mine = prompts[world.rank::world.size]
     counts = torch.zeros(4, dtype=torch.float64)  # accepted, rounds, tokens, row forwards
-    if mine:
-        decoder = make_decoder(decode, decoding_copy(head, backbone))
-        stats = generate(backbone, mine, decode, decoder).stats
-        counts = torch.tensor([stats.accepted, stats.rounds, stats.tokens, stats.row_forwards],
-                              dtype=torch.float64)
+    with lockstep(backbone, world):  # decodes run different numbers of forwards per rank
+        if mine:
+            decoder = make_decoder(decode, decoding_copy(head, backbone))
+            stats = generate(backbone, mine, decode, decoder).stats
+            counts = torch.tensor([stats.accepted, stats.rounds, stats.tokens,
+                                   stats.row_forwards], dtype=torch.float64)
     accepted, rounds, tokens, forwards = all_sum(counts, world).tolist()
     return {"accepted_per_round": round(accepted / max(rounds, 1), 4), "rounds": int(rounds),
             "tokens_per_forward": round(tokens / max(forwards, 1), 4),

@@ -42,6 +42,7 @@ from mrp_dlm.training.head_batch import CleanContext, NoisyBlocks, encode_batch
 from mrp_dlm.training.head_loss import RevealPlan, chain_steps, confidence_grid, residual_kl
 from mrp_dlm.training.losses import without_mask_token
 from mrp_dlm.training.noise import NoisyBatch, add_noise
+from mrp_dlm.training.sharding import lockstep
 
 STEP_METRICS = ("kl_base", "kl_residual", "argmax_agreement", "pick_agreement",
                 "base_pick_agreement")
@@ -168,9 +169,12 @@ def evaluate_head(head: nn.Module, backbone: Backbone, held_out: Sequence[HeldOu
                          f"{', '.join(EVAL_RULES)}")
     sums = {rule: torch.zeros(lookahead, 7, dtype=torch.float64) for rule in rules}  # (K, 7)
     accepted = {rule: torch.zeros(2, dtype=torch.float64) for rule in rules}  # drafts, blocks
-    for part in held_out:
-        blocks, context = encode_batch(backbone, part.batch, part.noisy)
-        keys = torch.stack([context.layout.take(k) for k in part.keys[:lookahead]])  # (K, N, L)
-        for rule in rules:
-            rule_sums(head, backbone, blocks, context, keys, rule, sums[rule], accepted[rule])
+    with lockstep(backbone, world):  # ranks may hold different numbers of batches
+        for part in held_out:
+            blocks, context = encode_batch(backbone, part.batch, part.noisy)
+            keys = torch.stack([context.layout.take(k)
+                                for k in part.keys[:lookahead]])  # (K, N, L)
+            for rule in rules:
+                rule_sums(head, backbone, blocks, context, keys, rule, sums[rule],
+                          accepted[rule])
     return {rule: finish_metrics(sums[rule], accepted[rule], world) for rule in rules}

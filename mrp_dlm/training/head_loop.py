@@ -43,6 +43,7 @@ from mrp_dlm.model.files import SINGLE_FILE
 from mrp_dlm.model.head_loading import save_head
 from mrp_dlm.model.loading import embedded_model_dir, load_backbone, load_head
 from mrp_dlm.model.tokenizer import TextTokenizer, load_tokenizer
+from mrp_dlm.threads import set_training_threads
 from mrp_dlm.training.conversations import ChatEncoder
 from mrp_dlm.training.data import (BatchSchedule, PackedBatch, Sample, SpecialIds, derive_seed,
                                    find_special_ids)
@@ -56,9 +57,10 @@ from mrp_dlm.training.head_loss import (RevealPlan, advance_blocks, chain_loss, 
 from mrp_dlm.training.noise import NoisyBatch, add_noise
 from mrp_dlm.training.run import (CURVE_FILE, LOG_FILE, RUN_FREE_FIELDS, Progress, RunHooks,
                                   RunLog, StepResult, apply_gradients, autocast, autocast_dtype,
-                                  build_optimizer, is_due, is_resuming, read_train_state,
-                                  run_steps, save_train_state, set_learning_rate,
-                                  write_loss_curve)
+                                  build_optimizer, check_run_dir, is_due, is_resuming,
+                                  read_train_state, run_steps, save_train_state,
+                                  set_learning_rate, write_loss_curve)
+from mrp_dlm.training.sharding import lockstep, shard_backbone
 from mrp_dlm.training.sources import DataOptions, load_eval_sources, load_sources, task_spec
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ METRICS_FILE = "metrics.jsonl"
 # Fields a resumed run may change: they touch neither the weights nor the data. The model
 # directory may move: the head's backbone fingerprint is checked on load instead.
 RESUME_FREE_FIELDS = RUN_FREE_FIELDS + ("model", "eval_every", "eval_examples", "eval_data",
-                                         "eval_prompts", "eval_new_tokens")
+                                         "eval_prompts", "eval_new_tokens", "shard_backbone")
 
 
 @dataclass(frozen=True)
@@ -241,8 +243,9 @@ def train_step(run: HeadRun, inputs: StepInputs, step: int) -> tuple[float, floa
         take = context.layout.take
         threshold = 1.0 if config.reveal_rule == "static" else config.threshold
         if inputs.burn_in is not None:
-            blocks = advance_blocks(backbone, blocks, context, take(inputs.burn_in)[:, 0],
-                                    threshold)
+            with lockstep(backbone, run.world):  # per-rank step counts
+                blocks = advance_blocks(backbone, blocks, context, take(inputs.burn_in)[:, 0],
+                                        threshold)
         plan = RevealPlan(config.reveal_rule, torch.stack([take(k) for k in inputs.keys]),
                           torch.stack([take(c)[:, 0] for c in inputs.counts]), threshold)
         loss = chain_loss(chain_steps(run.model, backbone, blocks, context, plan), blocks.rates,
@@ -263,7 +266,6 @@ def save_head_checkpoint(run: HeadRun, progress: Progress, history: list[dict],
                       if "acceptance" in r]
         write_loss_curve(run.out / CURVE_FILE, history, "loss (KL / p per response token)",
                          "MRP head training", acceptance)
-    log.info("saved step %d to %s", progress.step, run.out)
 
 
 def run_evaluation(run: HeadRun, data: RunData, step: int, metrics: RunLog) -> dict:
@@ -287,6 +289,7 @@ def train_head(config: HeadTrainConfig) -> Path:
     """Train (or resume) an MRP head as configured (no model: on the embedded one); returns
     the output directory."""
     resolve_device(config.device)  # fail before anything is written
+    check_run_dir(Path(config.out), config.resume)  # and before anything loads
     if config.model is None:
         config = dataclasses.replace(config, model=str(embedded_model_dir()))
     world = join_world(config.device)
@@ -304,7 +307,11 @@ def run_training(config: HeadTrainConfig, world: World) -> Path:
                          f"number of processes ({world.size})")
     precision = autocast_dtype(config)
     log.info("loading the backbone %s", config.model)
-    backbone = load_frozen_backbone(config, precision or torch.float32, world.device)
+    device = "cpu" if config.shard_backbone else world.device  # shards move to world.device
+    backbone = load_frozen_backbone(config, precision or torch.float32, device)
+    set_training_threads([backbone], world.device, config.threads, world.size)
+    if config.shard_backbone:
+        backbone = shard_backbone(backbone, world)
     tokenizer, special = model_tokenizer(config, backbone)
     L = backbone.config.block_size
     data = load_data(config, tokenizer, special, L, world)

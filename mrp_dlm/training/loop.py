@@ -29,14 +29,15 @@ from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.device import resolve_device
 from mrp_dlm.model.loading import load_backbone, save_backbone
 from mrp_dlm.model.tokenizer import TOKENIZER_FILES, TextTokenizer, load_tokenizer
+from mrp_dlm.threads import set_training_threads
 from mrp_dlm.training.conversations import ChatEncoder
 from mrp_dlm.training.data import BatchSchedule, PackedBatch, derive_seed, find_special_ids
 from mrp_dlm.training.losses import block_diffusion_loss
 from mrp_dlm.training.noise import add_noise
 from mrp_dlm.training.run import (CURVE_FILE, LOG_FILE, Progress, RunHooks, RunLog, StepResult,
                                   apply_gradients, autocast, autocast_dtype, build_optimizer,
-                                  is_resuming, read_train_state, run_steps, save_train_state,
-                                  set_learning_rate, write_loss_curve)
+                                  check_run_dir, is_resuming, read_train_state, run_steps,
+                                  save_train_state, set_learning_rate, write_loss_curve)
 from mrp_dlm.training.sources import DataOptions, first_texts, load_sources, task_spec
 from mrp_dlm.training.tokenizer import save_tokenizer, train_tokenizer
 
@@ -119,7 +120,6 @@ def save_checkpoint(out: Path, model: Backbone, optimizer: torch.optim.Optimizer
     if history:
         write_loss_curve(out / CURVE_FILE, history, "loss (CE / p per response token)",
                          "SDAR block-diffusion training")
-    log.info("saved step %d to %s", progress.step, out)
 
 
 def load_checkpoint(out: Path, config: TrainConfig) -> tuple[Backbone, dict, Progress]:
@@ -146,10 +146,12 @@ def train_backbone(config: TrainConfig) -> Path:
     """Train (or resume) a backbone as configured; returns the checkpoint directory."""
     resolve_device(config.device)  # fail before anything is written
     out = Path(config.out)
+    check_run_dir(out, config.resume)
     out.mkdir(parents=True, exist_ok=True)
     spec = config.data or task_spec(config.task_names)
     tokenizer, model, optimizer, progress = start_run(
         config, out, lambda: first_texts(spec, config.train_examples))
+    set_training_threads([model], config.device, config.threads)
     log.info("reading, tokenizing and packing %s into rows of %d tokens", config.data or
              f"{config.train_examples} problems per task ({', '.join(config.task_names)})",
              config.seq_len)

@@ -3,7 +3,8 @@
 A run is `config.train_steps` optimizer steps of AdamW with linear warmup and a cosine
 decay (`learning_rate`), driven by `run_steps`: it times each step, keeps `Progress`, writes
 a `train_log.jsonl` line every `log_every` steps (`RunLog`, averaged by `LogWindow`) and
-calls the loop's own save every `save_every` steps and at the end. A checkpoint's run files
+calls the loop's own save every `save_every` steps, at the end and on Ctrl-C (at the step
+reached; then `TrainingInterrupted` says where). A checkpoint's run files
 are `train_state.pt` (optimizer state and counters, tensors and plain types only, read back
 with `weights_only=True`, naming the hash of the weights saved before it) and
 `train_config.json`; `loss_curve.png` plots the log.
@@ -14,12 +15,15 @@ are saved (see `loop.py` for a backbone, `head_loop.py` for an MRP head).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
@@ -38,7 +42,7 @@ CONFIG_FILE = "train_config.json"
 CURVE_FILE = "loss_curve.png"
 ADAM_BETAS = (0.9, 0.95)
 # Fields any resumed run may change: they do not touch the weights.
-RUN_FREE_FIELDS = ("out", "resume", "log_every", "save_every", "device")
+RUN_FREE_FIELDS = ("out", "resume", "log_every", "save_every", "device", "threads")
 # Fields renamed since runs were saved: old name -> new name (any training config).
 RENAMED_FIELDS = {"steps": "train_steps"}
 
@@ -50,6 +54,35 @@ class Progress:
     step: int = 0  # optimizer steps done
     elapsed: float = 0.0  # seconds spent in steps (no setup or saving), summed over resumes
     tokens: int = 0  # sample tokens (x_0, no filler) seen
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the step loop, after the step reached was saved; the message says
+    which step and where (the CLI adds the command that resumes)."""
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """A first Ctrl-C inside the block is raised when the block ends, so that a step or a
+    save is never left half done; a second one interrupts at once. Main thread only
+    (elsewhere the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.getsignal(signal.SIGINT)
+
+    def defer(signum, frame) -> None:
+        caught.append(signum)
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, defer)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 @dataclass(frozen=True)
@@ -259,12 +292,20 @@ def read_train_state(out: Path, config: RunConfig, device: str,
     return state["optimizer"], progress
 
 
-def is_resuming(out: Path, resume: bool) -> bool:
-    """Whether `out` holds a run to continue; refuses to overwrite one without --resume."""
-    has_state = (out / STATE_FILE).is_file()
-    if has_state and not resume:
+def check_run_dir(out: Path, resume: bool) -> None:
+    """Refuse an `out` that is a file, or that holds a run, without --resume (called before
+    anything loads: a rerun fails in a moment)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory")
+    if (out / STATE_FILE).is_file() and not resume:
         raise ValueError(f"{out} already holds a training run; pass --resume to continue it "
                          "or choose another --out")
+
+
+def is_resuming(out: Path, resume: bool) -> bool:
+    """Whether `out` holds a run to continue; refuses to overwrite one without --resume."""
+    check_run_dir(out, resume)
+    has_state = (out / STATE_FILE).is_file()
     if resume and not has_state:
         log.warning("--resume: nothing to resume in %s (no %s); starting from scratch",
                     out, STATE_FILE)
@@ -279,27 +320,62 @@ def is_due(step: int, every: int, done: bool) -> bool:
 def run_steps(config: RunConfig, progress: Progress, hooks: RunHooks, log_file: RunLog,
               desc: str) -> Progress:
     """Steps progress.step .. train_steps - 1, with their log lines and saves; the bar shows
-    on the writing process only."""
+    on the writing process only. A first Ctrl-C lets the step finish, saves the step
+    reached (unless just saved) and raises `TrainingInterrupted`."""
     window = LogWindow()
     bar = tqdm(range(progress.step, config.train_steps), initial=progress.step,
                total=config.train_steps, desc=desc, unit="step", mininterval=1.0,
                disable=not log_file.writes)
-    for step in bar:
-        started = time.perf_counter()
-        result = hooks.step(step)
-        seconds = time.perf_counter() - started
-        progress = Progress(step + 1, progress.elapsed + seconds, progress.tokens + result.tokens)
-        window.add(result.loss, result.tokens, seconds)
-        done = progress.step == config.train_steps
-        if is_due(progress.step, config.log_every, done):
-            record = window.record(progress, learning_rate(config, step), result.grad_norm)
-            log_file.append(record)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            window = LogWindow()
-        postfix = hooks.after(progress, done)
-        if postfix:
-            bar.set_postfix(**postfix)
-        if is_due(progress.step, config.save_every, done):
-            hooks.save(progress)
+    saved, stepping = None, False  # the step this call saved last; inside a step
+    try:
+        for step in bar:
+            stepping = True
+            with deferred_interrupt():
+                started = time.perf_counter()
+                result = hooks.step(step)
+                seconds = time.perf_counter() - started
+                progress = Progress(step + 1, progress.elapsed + seconds,
+                                    progress.tokens + result.tokens)
+                stepping = False
+            window.add(result.loss, result.tokens, seconds)
+            done = progress.step == config.train_steps
+            if is_due(progress.step, config.log_every, done):
+                record = window.record(progress, learning_rate(config, step), result.grad_norm)
+                log_file.append(record)
+                bar.set_postfix(loss=f"{record['loss']:.4f}",
+                                tok_s=f"{record['tokens_per_s']:.0f}")
+                window = LogWindow()
+            postfix = hooks.after(progress, done)
+            if postfix:
+                bar.set_postfix(**postfix)
+            if is_due(progress.step, config.save_every, done):
+                saved = progress.step
+                save_step(hooks, progress, log_file.writes, config.out)
+    except KeyboardInterrupt:
+        bar.close()
+        raise interrupted(config, hooks, progress, saved, stepping) from None
     bar.close()
     return progress
+
+
+def save_step(hooks: RunHooks, progress: Progress, logs: bool, out: str) -> None:
+    """The loop's save, shielded from a first Ctrl-C until it is complete."""
+    with deferred_interrupt():
+        hooks.save(progress)
+    if logs:
+        log.info("saved step %d to %s", progress.step, out)
+
+
+def interrupted(config: RunConfig, hooks: RunHooks, progress: Progress, saved: int | None,
+                stepping: bool) -> TrainingInterrupted:
+    """Save the step reached after Ctrl-C, unless a second Ctrl-C cut a step short (its
+    update may be half applied); the error says what `out` holds."""
+    where = f"interrupted at step {progress.step} of {config.train_steps}"
+    if stepping:
+        kept = f"step {saved}" if saved is not None else "its last save, if any"
+        return TrainingInterrupted(f"{where}, inside a step: nothing saved now; {config.out} "
+                                   f"keeps {kept}")
+    if saved != progress.step:
+        with deferred_interrupt():
+            hooks.save(progress)
+    return TrainingInterrupted(f"{where}; saved step {progress.step} to {config.out}")

@@ -57,8 +57,8 @@ class Source:
     weight: float  # passes per epoch
 
 
-def expand(pattern: str) -> tuple[Path, ...]:
-    """The files a path, glob or folder names, sorted; ValueError when none."""
+def expand(pattern: str, flag: str = "--data") -> tuple[Path, ...]:
+    """The files a path, glob or folder names, sorted; ValueError naming `flag` when none."""
     path = Path(pattern)
     if path.is_dir():
         if any((path / marker).is_file() for marker in DATASET_MARKERS):
@@ -70,7 +70,7 @@ def expand(pattern: str) -> tuple[Path, ...]:
         found = sorted(Path(p) for p in glob.glob(pattern, recursive=True)
                        if Path(p).is_dir() or Path(p).suffix.lower() in DATA_SUFFIXES)
     if not found:
-        raise ValueError(f"--data: {pattern!r} names no data file (.jsonl, .json, .parquet or a "
+        raise ValueError(f"{flag}: {pattern!r} names no data file (.jsonl, .json, .parquet or a "
                          "datasets folder)")
     return tuple(found)
 
@@ -80,8 +80,9 @@ def task_spec(names: Sequence[str]) -> str:
     return ",".join(TASK_PREFIX + name for name in names)
 
 
-def parse_sources(spec: str) -> list[Source]:
-    """The sources of a data spec (files are globbed now, so a typo fails before work)."""
+def parse_sources(spec: str, flag: str = "--data") -> list[Source]:
+    """The sources of a data spec (files are globbed now, so a typo fails before work);
+    errors name `flag`, the option that gave the spec."""
     sources = []
     for entry in (part.strip() for part in spec.split(",")):
         if not entry:
@@ -94,13 +95,13 @@ def parse_sources(spec: str) -> list[Source]:
             except ValueError:
                 pass  # an @ inside a path
         if weight < 0:
-            raise ValueError(f"--data: the weight of {name!r} must be >= 0, got {weight}")
+            raise ValueError(f"{flag}: the weight of {name!r} must be >= 0, got {weight}")
         if name.startswith(TASK_PREFIX):
             sources.append(Source(name[len(TASK_PREFIX):], (), weight))
         else:
-            sources.append(Source(None, expand(name), weight))
+            sources.append(Source(None, expand(name, flag), weight))
     if not sources:
-        raise ValueError("--data names no source")
+        raise ValueError(f"{flag} names no source")
     return sources
 
 
@@ -254,7 +255,7 @@ def load_eval_sources(spec: str, encoder: ChatEncoder, options: DataOptions) -> 
     """The first `eval_examples` samples of each source of an eval data spec (a task's: its
     test split)."""
     held_out = []
-    for source in parse_sources(spec):
+    for source in parse_sources(spec, "--eval-data"):
         if source.task is not None:
             problems, targets = task_texts([source.task], options.eval_examples, "test")
             encoded = chat_samples(problems, targets, encoder.tokenizer, encoder.block_size)

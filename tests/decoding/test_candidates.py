@@ -21,10 +21,13 @@ import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding import candidates
-from mrp_dlm.decoding.candidates import MOST_CANDIDATES, SPARES, SpareHits, best_size
-from mrp_dlm.decoding.drafting import HEAD, SELF, TIMING_REPEATS, DraftPlanner, RoundCosts
+from mrp_dlm.decoding.acceptance import AlternativeHits
+from mrp_dlm.decoding.candidates import ALTERNATIVES
+from mrp_dlm.decoding.costs import HEAD, SELF, TIMING_REPEATS, RoundCosts
+from mrp_dlm.decoding.drafting import MOST_SET, DraftPlanner, best_size
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.driver import generate
+from planners import FixedSets
 from test_mrp_modes import HEADS, MAX_NEW, SAMPLINGS, SPEC_MODELS, backbone, describe_mismatch, rule_run
 
 M = 9  # mask id of the hand-built cases
@@ -39,7 +42,7 @@ def test_alternatives_are_distinct_candidates_packed_first():
     self_draft = torch.tensor([[1, 8, M, M], [1, 2, 3, 7]])
     states, valid = candidates.alternatives(before, draft, eligible, confidence, tokens,
                                             self_draft)
-    assert states.shape == (2, SPARES, 4)
+    assert states.shape == (2, ALTERNATIVES, 4)
     # row 0: the self-draft, then ranks 2 and 3 (rank 1 is the draft itself)
     assert valid[0].tolist() == [True, True, True]
     assert states[0].tolist() == [[1, 8, M, M], [1, M, M, 6], [1, 4, M, M]]
@@ -69,11 +72,11 @@ def test_a_set_draft_has_its_top_single_as_an_alternative():
 def test_check_finds_the_alternative_at_each_rows_first_rejection():
     # D = 2 later drafts, A alternatives each; L = 2.
     B, D, L = 3, 2, 2
-    states = torch.full((B, D, SPARES, L), M)
+    states = torch.full((B, D, ALTERNATIVES, L), M)
     states[0, 1, 1] = torch.tensor([3, 3])  # row 0: rejected at depth 1, slot 1 hits
     states[1, 0, 0] = torch.tensor([4, 4])  # row 1: rejected at depth 0, slot 0 hits
     states[2, 0, 0] = torch.tensor([5, 5])  # row 2: every draft stood: no rescue
-    found = candidates.Alternatives(states, torch.ones(B, D, SPARES, dtype=torch.bool))
+    found = candidates.Alternatives(states, torch.ones(B, D, ALTERNATIVES, dtype=torch.bool))
     steps = torch.tensor([[[0, 0], [3, 3]], [[4, 4], [0, 0]], [[5, 5], [6, 6]]])  # (B, D, L)
     accepted = torch.tensor([2, 1, 3])
     rescue = candidates.check(found, steps, accepted, torch.ones(B, D, dtype=torch.bool))
@@ -82,7 +85,7 @@ def test_check_finds_the_alternative_at_each_rows_first_rejection():
     assert rescue.hits.tolist() == [[False, True, False], [True, False, False], [False] * 3]
     rescued, slot = rescue.slot(2)  # one alternative verified per depth: row 0's is slot 1
     assert rescued.tolist() == [False, True, False]
-    rescued, slot = rescue.slot(MOST_CANDIDATES)
+    rescued, slot = rescue.slot(MOST_SET)
     assert rescued.tolist() == [True, True, False] and slot.tolist()[:2] == [1, 0]
 
 
@@ -93,8 +96,8 @@ def test_a_set_fits_the_scratch_slots():
     assert candidates.fitting(2, drafts=1, room=16) == 2
 
 
-def spares(rejected: int, hits: list[int]) -> SpareHits:
-    return SpareHits(rejected, hits + [0] * (SPARES - len(hits)))
+def alternative_hits(rejected: int, hits: list[int]) -> AlternativeHits:
+    return AlternativeHits(rejected, hits + [0] * (ALTERNATIVES - len(hits)))
 
 
 @pytest.mark.parametrize("rates,hits,copy,want", [
@@ -106,23 +109,22 @@ def spares(rejected: int, hits: list[int]) -> SpareHits:
     ([1.0, 1.0, 1.0], [90, 5, 5], 0.01, 1),  # no draft is ever rejected
 ])
 def test_set_size_follows_measured_hits_and_copy_cost(rates, hits, copy, want):
-    hit = spares(100, hits)
-    rescues = [[hit.rescue(size) for size in range(1, MOST_CANDIDATES + 1)]] * len(rates)
+    hit = alternative_hits(100, hits)
+    rescues = [[hit.rescue(size) for size in range(1, MOST_SET + 1)]] * len(rates)
     plan = (1 + sum(itertools.accumulate(rates, operator.mul)), 1 + len(rates) * copy)
-    assert best_size(rates, rescues, dict.fromkeys(range(2, MOST_CANDIDATES + 1), copy),
+    assert best_size(rates, rescues, dict.fromkeys(range(2, MOST_SET + 1), copy),
                      plan) == want
     planner = DraftPlanner(lookahead=3, adaptive=True)
     plan = (HEAD,) * len(rates)
-    assert planner.set_size(1, plan) == 1  # costs not learnt yet
+    assert planner.plan(1, room=16).size == 1  # costs not learnt yet
     planner.costs[1] = RoundCosts(head_step=0.1, copy=copy)
-    planner.spares[HEAD] = hit
+    planner.hits[HEAD] = hit
     for depth, rate in enumerate(rates):
         planner.acceptance[HEAD].add(depth, 1000, round(1000 * rate))
     assert planner.set_size(1, plan) == want
-    assert planner.set_size(1, ()) == 1  # no later draft, no set
     assert planner.most_size == want  # the next call's scratch holds the chosen set
-    planner.forced_size = 3
-    assert planner.set_size(1, plan) == 3 == planner.most_size
+    forced = FixedSets(3, lookahead=3)
+    assert forced.plan(1, room=16).size == 3 == forced.most_size
 
 
 @pytest.mark.parametrize("rate,copy,want", [
@@ -138,10 +140,11 @@ def test_alternatives_are_built_only_where_a_set_could_pay(rate, copy, want):
         planner.acceptance[HEAD].add(depth, 1000, round(1000 * rate))
     assert planner.may_set(1, plan) == want
     assert not planner.may_set(1, ())  # no later draft
-    planner.forced_size = 2
-    assert planner.may_set(1, plan)
-    planner.forced_size = 1
-    assert not planner.may_set(1, plan)
+    planned = planner.plan(1, room=16)  # its own plan's drafts: built only where a set may pay
+    assert planned.alternatives == planner.may_set(1, planned.sources)
+    assert not planner.plan(1).alternatives  # no room given (serving): no set, none built
+    assert FixedSets(2, lookahead=3).plan(1, room=16).alternatives
+    assert not FixedSets(1, lookahead=3).plan(1, room=16).alternatives
     assert not DraftPlanner(lookahead=3, adaptive=False).may_set(1, plan)
 
 def test_set_size_follows_the_timed_cost_of_rounds_with_sets():
@@ -150,7 +153,7 @@ def test_set_size_follows_the_timed_cost_of_rounds_with_sets():
     # timed, then the draft alone again.
     planner = DraftPlanner(lookahead=3, adaptive=True)
     planner.costs[1] = RoundCosts(head_step=0.1, copy=0.02, forward=0.01)
-    planner.spares[HEAD] = spares(100, [60, 5, 5])
+    planner.hits[HEAD] = alternative_hits(100, [60, 5, 5])
     for depth in range(3):
         planner.acceptance[HEAD].add(depth, 1000, 500)
     plan, tried = (HEAD,) * 3, []
@@ -158,7 +161,8 @@ def test_set_size_follows_the_timed_cost_of_rounds_with_sets():
         copies = 4 + 3 * (size - 1)
         assert size not in tried and planner.times_sets(1, size, copies)
         for _ in range(TIMING_REPEATS):
-            planner.add_set_round(1, copies, 0.01 * (1 + 3 * 0.02) + 0.01 * 3 * (size - 1) * 0.3)
+            planner.time(1, 0.01 * (1 + 3 * 0.02) + 0.01 * 3 * (size - 1) * 0.3, copies,
+                         size=size)
         assert not planner.times_sets(1, size, copies)
         assert planner.set_copy(1, 3, size) == pytest.approx(0.3)
         tried.append(size)
@@ -168,15 +172,16 @@ def test_set_size_follows_the_timed_cost_of_rounds_with_sets():
     assert planner.set_size(1, plan) > 1
 
 
-def test_spare_hits_count_rows_of_their_source():
+def test_alternative_hits_count_rows_of_their_source():
     planner = DraftPlanner(lookahead=2, adaptive=True)
     hits = torch.tensor([[True, False, False], [False, False, True], [False, False, False],
                          [True, False, False]])
     rescue = candidates.Rescue(depth=torch.tensor([0, 1, 1, 0]),
                                reached=torch.tensor([True, True, True, False]), hits=hits)
-    planner.record_spares((HEAD, SELF), rescue)
-    assert (planner.spares[HEAD].rejected, planner.spares[HEAD].hits) == (1, [1, 0, 0])
-    assert (planner.spares[SELF].rejected, planner.spares[SELF].hits) == (2, [0, 0, 1])
+    planner.observe((HEAD, SELF), torch.tensor([0, 1, 1, 0]),
+                    torch.ones(4, 2, dtype=torch.bool), rescue)
+    assert (planner.hits[HEAD].rejected, planner.hits[HEAD].hits) == (1, [1, 0, 0])
+    assert (planner.hits[SELF].rejected, planner.hits[SELF].hits) == (2, [0, 0, 1])
 
 
 # --- end to end -----------------------------------------------------------------------------
@@ -191,7 +196,7 @@ def spec_config(block_size: int, threshold: float, stops: tuple[int, ...], knobs
 
 def decode_with_sets(model, prompts, config, head, size):
     decoder = make_decoder(config, head)
-    decoder.planner.forced_size = size
+    decoder.planner = FixedSets(size, config.lookahead, config.adaptive, head is not None)
     return generate(model, prompts, config, decoder)
 
 
@@ -203,7 +208,7 @@ def test_forced_sets_equal_the_rule(block_size, threshold):
         model = backbone(seed, block_size, damped)
         run = rule_run(seed, block_size, damped, threshold)
         config = spec_config(block_size, threshold, run.stops)
-        for size in range(2, MOST_CANDIDATES + 1):
+        for size in range(2, MOST_SET + 1):
             for name, make_head in HEADS.items():
                 result = decode_with_sets(model, run.prompts, config, make_head(model, seed),
                                           size)
@@ -251,6 +256,21 @@ def test_adaptive_sets_equal_the_rule_and_measure_hits():
     assert decoder.copies == 3 * decoder.planner.most_size + 1
     result = generate(model, run.prompts, config, decoder)
     assert first.token_ids == result.token_ids == run.result.token_ids
-    measured = sum(s.rejected for s in decoder.planner.spares.values())
-    assert measured > 0 and sum(sum(s.hits) for s in decoder.planner.spares.values()) > 0
+    measured = sum(s.rejected for s in decoder.planner.hits.values())
+    assert measured > 0 and sum(sum(s.hits) for s in decoder.planner.hits.values()) > 0
     assert result.stats.rescued > 0
+
+
+def test_no_set_is_scored_where_none_could_pay(monkeypatch):
+    # CPU-like copies: no set could pay, so a round's plan never reads the alternatives' hits.
+    def scored(self, size):
+        raise AssertionError("an alternative's hit rate was read for a plan without a set")
+
+    monkeypatch.setattr(AlternativeHits, "rescue", scored)
+    planner = DraftPlanner(lookahead=3, adaptive=True)
+    planner.costs[1] = RoundCosts(head_step=0.1, copy=0.4)
+    for acceptance in planner.acceptance.values():
+        for depth in range(3):
+            acceptance.add(depth, 1000, 900)  # drafts rarely rejected: little to rescue
+    plan = planner.plan(1, room=16)
+    assert plan.sources and not plan.alternatives and plan.size == 1

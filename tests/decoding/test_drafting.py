@@ -20,8 +20,8 @@ import torch
 from conftest import random_backbone, random_head, tiny_config
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.acceptance import LOCKSTEP_BLOCKS, Acceptance, Lockstep, verdicts
-from mrp_dlm.decoding.drafting import (EXPLORE_EVERY, HEAD, SELF, TIMING_REPEATS, CostProbe,
-                                       DraftPlanner, RoundCosts, best_plan)
+from mrp_dlm.decoding.costs import HEAD, SELF, TIMING_REPEATS, CostProbe, RoundCosts
+from mrp_dlm.decoding.drafting import EXPLORE_EVERY, DraftPlanner, best_plan
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.pipeline import Pipeline
@@ -104,21 +104,21 @@ def test_a_lockstep_batch_drafts_only_what_pays_after_its_loss():
 def test_plan_explores_while_a_source_could_pay():
     planner = DraftPlanner(lookahead=3, adaptive=True)
     planner.costs[1] = RoundCosts(head_step=0.1, copy=0.55)  # both > 0.5, the rate before data
-    plans = [planner.plan(1) for _ in range(3 * EXPLORE_EVERY)]
+    plans = [planner.plan(1).sources for _ in range(3 * EXPLORE_EVERY)]
     assert plans.count(()) == 3 * EXPLORE_EVERY - 3
     assert all(plans[i] for i in range(EXPLORE_EVERY - 1, len(plans), EXPLORE_EVERY))
     # Once even the rates plus two standard errors do not pay, exploring stops...
     for acceptance in planner.acceptance.values():
         for depth in range(3):
             acceptance.add(depth, 100, 10)
-    assert not any(planner.plan(1) for _ in range(3 * EXPLORE_EVERY))
+    assert not any(planner.plan(1).sources for _ in range(3 * EXPLORE_EVERY))
     # ... a head step dearer than a forward is never explored ...
     dear = DraftPlanner(lookahead=3, adaptive=True)
     dear.costs[1] = RoundCosts(head_step=1.2, copy=0.0)
-    assert all(plan and HEAD not in plan for plan in (dear.plan(1) for _ in range(40)))
+    assert all(plan and HEAD not in plan for plan in (dear.plan(1).sources for _ in range(40)))
     # ... and without a head every plan self-drafts.
     headless = DraftPlanner(lookahead=3, adaptive=False, head=False)
-    assert headless.plan(1) == (SELF,) * 3
+    assert headless.plan(1).sources == (SELF,) * 3
 
 
 def test_cost_probe_learns_from_alternating_rounds():
@@ -210,7 +210,7 @@ def test_a_batch_reports_its_blocks_lockstep():
         decoder = make_decoder(config, None)
         decoder.planner.costs[len(batch)] = RoundCosts(0.0, 0.0)  # every draft pays
         got = generate(model, batch, config, decoder)
-        decoder.end_block()  # the next call's first step would report the last block
+        decoder.planner.end_block()  # the next call's first step would report the last block
         lockstep = decoder.planner.lockstep[len(batch)]
         # Blocks of 4, 13 new tokens: 4 or 5 blocks; one whose last step has nothing left to
         # draft after it reports nothing.

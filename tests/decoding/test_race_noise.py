@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrp_dlm.decoding.race import (MASK32, race_candidates, token_keys, uniform_noise,
+from mrp_dlm.decoding.race import (MASK32, race_among, token_keys, uniform_noise,
                                    uniform_of)
 from test_sampling_distribution import chi_square_quantile
 
@@ -42,7 +42,7 @@ def rows_keys(seed: int = 3) -> torch.Tensor:
 def winner_counts(probs: torch.Tensor, first: int, keys: torch.Tensor) -> torch.Tensor:
     """How often each token first + i wins the race over probs (V,) across keys (N,)."""
     ids = torch.arange(first, first + probs.shape[0]).expand(len(keys), -1)  # (N, V)
-    winners, _ = race_candidates(probs.expand(len(keys), -1), ids, keys)  # (N,)
+    winners, _ = race_among(probs.expand(len(keys), -1), ids, keys)  # (N,)
     return torch.bincount(winners - first, minlength=probs.shape[0]).double()
 
 
@@ -55,7 +55,7 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
 def test_the_race_draws_the_probabilities(offset):
     """40 tokens from 0.2 down to ~1e-3 (low ids and ids near the SDAR vocabulary's end):
     winners over 100,000 keys match them; the same counts reject a tempered distribution.
-    `race_candidates` scores as `race` does, on any ids."""
+    `race_among` scores as `race` does, on any ids."""
     logits = torch.linspace(3.0, -2.5, 40)  # (40,)
     probs = torch.softmax(logits, -1)  # (40,)
     counts = winner_counts(probs, offset, rows_keys())  # (40,)

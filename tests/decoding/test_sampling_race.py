@@ -7,7 +7,7 @@ pinned (`pinned_uniform_noise`, and a few of its values), so a change to either 
 Cases cover every path of `sample_tokens`: no truncation (screened race), top-k, top-p,
 both, top-k ties (candidates incomplete), wide nuclei (the nucleus floor, and its forced
 fallback), top-p boundaries that split equal probabilities (narrow and wide, and a split
-tie that wins), the screened race's own fallbacks (forced with tiny CANDIDATE_BLOCKS),
+tie that wins), the screened race's own fallbacks (forced with tiny RACED_GROUPS),
 and top-p alone: narrow rows through candidates, wide ones (and every row, forced) through
 the race, its winner kept where the nucleus surely keeps it, the other rows (and every
 raced row, forced) through the floor.
@@ -18,14 +18,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mrp_dlm.decoding import cpu_sampling as cpu_module
 from mrp_dlm.decoding import nucleus as nucleus_module
 from mrp_dlm.decoding import race as race_module
-from mrp_dlm.decoding import sampling as sampling_module
+from mrp_dlm.decoding.cpu_sampling import top_tokens
 from mrp_dlm.decoding.race import (MASK32, as_int32, mix32, noise_bits, race, race_screened,
                                    row_maxima, screen_bounds, set_maxima, token_keys,
                                    token_mix_high_, uniform_noise)
-from mrp_dlm.decoding.sampling import (SamplingConfig, full_distribution, sample_tokens,
-                                       top_candidates, truncate)
+from mrp_dlm.decoding.sampling import SamplingConfig, full_distribution, sample_tokens, truncate
 
 
 def pinned_uniform_noise(seed, positions, draw, vocab):
@@ -57,15 +57,15 @@ def case(V, scale, B=2, L=5, seed=0, temperature=0.7, **knobs):
 
 
 def rows_passed(monkeypatch, name: str) -> list[int]:
-    """Wraps `sampling.<name>`: the list it returns collects the rows of each call's first
+    """Wraps `cpu_sampling.<name>`: the list it returns collects the rows of each call's first
     argument."""
-    original, rows = getattr(sampling_module, name), []
+    original, rows = getattr(cpu_module, name), []
 
     def counted(probs, *args):
         rows.append(probs.shape[0])
         return original(probs, *args)
 
-    monkeypatch.setattr(sampling_module, name, counted)
+    monkeypatch.setattr(cpu_module, name, counted)
     return rows
 
 
@@ -97,7 +97,7 @@ def test_screened_race_falls_back_where_it_cannot_certify(monkeypatch):
     kept[:, :64] = 1 / 64  # token g is in block g (4099 // 64 = 64 blocks)
     keys = token_keys(sampling.seed, positions, draw).view(-1)
     tiers, fallbacks = [], []
-    original = race_module.race_blocks
+    original = race_module.race_groups
 
     def counted_blocks(probs, keys, bounds, count, floor):
         tokens, certain = original(probs, keys, bounds, count, floor)
@@ -108,8 +108,8 @@ def test_screened_race_falls_back_where_it_cannot_certify(monkeypatch):
         fallbacks.append(kept.shape[0])
         return race(kept, keys)
 
-    monkeypatch.setattr(race_module, "CANDIDATE_BLOCKS", (1, 3))
-    monkeypatch.setattr(race_module, "race_blocks", counted_blocks)
+    monkeypatch.setattr(race_module, "RACED_GROUPS", (1, 3))
+    monkeypatch.setattr(race_module, "race_groups", counted_blocks)
     monkeypatch.setattr(race_module, "race", counted_race)
     got = race_screened(kept, keys)
     monkeypatch.undo()
@@ -140,9 +140,9 @@ def test_screen_bounds_bound_every_score(scale):
     probs, sampling, positions, draw = case(V, scale, B=2, L=8)
     probs = probs.view(-1, V)  # (R, V)
     keys = token_keys(sampling.seed, positions, draw).view(-1)  # (R,)
-    G = V // race_module.BLOCK
+    G = V // race_module.GROUP
     score = probs.double() / -uniform_noise(sampling.seed, positions, draw, V).view(-1, V).log()
-    by_block = score[:, :G * race_module.BLOCK].view(-1, race_module.BLOCK, G).amax(dim=1)
+    by_block = score[:, :G * race_module.GROUP].view(-1, race_module.GROUP, G).amax(dim=1)
     bounds = screen_bounds(probs, keys).double() * race_module.BOUND_SCALE  # (R, G)
     assert bool((bounds.clamp_min(race_module.SMALLEST_SCORE) >= by_block).all())
     relevant = by_block > race_module.SMALLEST_SCORE  # (R, G)
@@ -158,10 +158,10 @@ def test_row_maxima_from_the_set_maxima(V):
     assert torch.equal(row_maxima(flat, set_maxima(flat)), flat.amax(dim=-1))
 
 
-def test_top_candidates_are_the_top_values():
+def test_top_tokens_are_the_top_values():
     probs, *_ = case(4099, 2.0)
     flat = probs.view(-1, 4099)
-    values, ids = top_candidates(flat, 51)
+    values, ids = top_tokens(flat, 51)
     assert torch.equal(values, flat.topk(51).values)
     assert torch.equal(flat.gather(1, ids), values)
 
@@ -248,13 +248,13 @@ def test_winners_outside_the_nucleus_race_above_themselves(monkeypatch):
     surely out, take the floor."""
     probs, sampling, positions, draw = case(20_011, 0.5, L=16, seed=3, top_p=0.8)
     cut = []
-    outside = sampling_module.outside_nucleus
+    outside = cpu_module.outside_nucleus
 
     def counted(probs, tokens, top_p):
         cut.append(outside(probs, tokens, top_p))
         return cut[-1]
 
-    monkeypatch.setattr(sampling_module, "outside_nucleus", counted)
+    monkeypatch.setattr(cpu_module, "outside_nucleus", counted)
     rows = rows_passed(monkeypatch, "unsettled_tokens")
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()
@@ -269,14 +269,14 @@ def test_every_raced_row_forced_past_its_winner(V, scale, top_p, monkeypatch):
     nucleus surely cuts race above it, the rest take the floor; all are the definition."""
     probs, sampling, positions, draw = case(V, scale, B=1 if V > 100_000 else 2,
                                             L=4 if V > 100_000 else 8, top_p=top_p)
-    inside, calls = sampling_module.inside_nucleus, []
+    inside, calls = cpu_module.inside_nucleus, []
 
     def first_uncertain(probs, tokens, top_p):
         calls.append(probs.shape[0])
         held = inside(probs, tokens, top_p)
         return torch.zeros_like(held) if len(calls) == 1 else held
 
-    monkeypatch.setattr(sampling_module, "inside_nucleus", first_uncertain)
+    monkeypatch.setattr(cpu_module, "inside_nucleus", first_uncertain)
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()
     assert len(calls) == 2  # the first check, then the second winners' check
@@ -288,7 +288,7 @@ def test_every_raced_row_forced_past_its_winner(V, scale, top_p, monkeypatch):
 def test_every_raced_row_forced_through_the_floor(V, scale, top_p, monkeypatch):
     probs, sampling, positions, draw = case(V, scale, B=1 if V > 100_000 else 2,
                                             L=4 if V > 100_000 else 8, top_p=top_p)
-    monkeypatch.setattr(sampling_module, "inside_nucleus",
+    monkeypatch.setattr(cpu_module, "inside_nucleus",
                         lambda probs, tokens, top_p: torch.zeros(probs.shape[0], dtype=torch.bool))
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()
@@ -305,7 +305,7 @@ def test_narrow_and_wide_rows_in_one_batch(first, top_p, monkeypatch):
     logits = torch.randn(2, 8, 20_011, generator=torch.Generator().manual_seed(5))
     probs = full_distribution(logits * scales[:, None], 20_010, sampling)  # (B, L, V)
     if first != "as chosen":  # every row surely narrow, or surely wide
-        monkeypatch.setattr(sampling_module, "TOP_P_CANDIDATES",
+        monkeypatch.setattr(cpu_module, "TOP_P_TOKENS",
                             20_011 if first == "candidates" else 0)
     got = sample_tokens(probs, sampling, positions, draw)
     monkeypatch.undo()

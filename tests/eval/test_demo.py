@@ -3,10 +3,11 @@ modes, and the table cells (no timing: every speed here is made up)."""
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 from mrp_dlm.eval.demo_table import DEMO_COLUMNS, demo_cells, demo_legend, format_table
-from mrp_dlm.eval.demo import EXACT, NO_LOSS, judged, recommend
+from mrp_dlm.eval.demo import EXACT, MARGIN, NO_LOSS, judged, recommend
 
 
 def row(label: str, mode: str, speed: float, accuracy: float = 1.0, lossless: bool = False,
@@ -83,3 +84,60 @@ def test_the_legend_names_both_batches_and_the_repeats():
                                          throughput_repeats=3))
     assert "batch 1" in legend and "one batch of 20" in legend
     assert "(5 at batch 1, 3 batched)" in legend
+
+
+def with_self_drafts(self_speed: float, head_speed: float) -> list[dict]:
+    """The demo's grid: static, dynamic 0.9 (300 tok/s), speculation with self-drafts and
+    with the head (both lossless, rule dynamic 0.9), then the lossy rows."""
+    rows = grid(head_speed)
+    rows.insert(2, row("speculative:3@0.9 self", "speculative", self_speed, lossless=True,
+                       rule="dynamic:0.9"))
+    return rows
+
+
+def test_a_lossless_row_picked_for_no_loss_is_the_exact_pick_too():
+    """The contradiction seen in the issue: speculation with the head at 1.06x its rule but
+    within 5% of self-drafts (1.02x) was fastest no-loss while exact went to the rule."""
+    assert picks(recommend(with_self_drafts(306.0, 318.0))) == {
+        "speculative:3@0.9": [EXACT, NO_LOSS]}
+
+
+def test_the_first_lossless_row_keeps_a_tie_with_a_later_one():
+    assert picks(recommend(with_self_drafts(316.0, 325.0))) == {
+        "speculative:3@0.9 self": [EXACT, NO_LOSS]}
+
+
+def test_lossless_rows_within_the_margin_of_their_rule_leave_both_picks_to_it():
+    rows = with_self_drafts(306.0, 312.0)  # 1.02x and 1.04x the rule
+    rows[5]["tokens_per_second"] = 310.0  # remask: within 5% of the rule too
+    assert picks(recommend(rows)) == {"dynamic:0.9": [EXACT, NO_LOSS]}
+
+
+def test_a_lossy_row_can_be_fastest_no_loss_while_exact_stays_lossless():
+    rows = with_self_drafts(290.0, 400.0)
+    rows[5]["tokens_per_second"] = 450.0  # remask, as accurate as static, 1.125x speculation
+    assert picks(recommend(rows)) == {"speculative:3@0.9": [EXACT],
+                                      "remask-chain:0.4": [NO_LOSS]}
+
+
+def test_picks_follow_the_legend_on_random_tables():
+    """On 500 random tables: an exact pick that is a lossless row beats its rule by more than
+    the margin; a no-loss pick that is a lossless row or its rule is the exact pick; every
+    no-loss pick is as accurate as static."""
+    generator = random.Random(0)
+    for _ in range(500):
+        rows = with_self_drafts(generator.uniform(200, 400), generator.uniform(200, 400))
+        for r in rows[1:]:
+            r["tokens_per_second"] = generator.uniform(150, 450)
+            r["speedup_vs_rule"] = r["tokens_per_second"] / rows[1]["tokens_per_second"]
+        if generator.random() < 0.3:  # the rule's family less accurate than static
+            for r in rows[1:4]:
+                r["accuracy"] = 0.9
+        judged_rows = recommend(rows)
+        exact = next(r for r in judged_rows if EXACT in r["recommended"])
+        no_loss = next(r for r in judged_rows if NO_LOSS in r["recommended"])
+        if exact["lossless"] and exact["mode"] != "static":
+            assert exact["tokens_per_second"] > (1 + MARGIN) * rows[1]["tokens_per_second"]
+        if (no_loss["lossless"] and no_loss["mode"] != "static") or no_loss is judged_rows[1]:
+            assert no_loss is exact, (exact["label"], no_loss["label"])
+        assert no_loss["accuracy"] >= judged_rows[0]["accuracy"]

@@ -132,3 +132,27 @@ def test_bad_runs_fail_before_writing(pipe, tmp_path):
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         evaluate_to_dir(pipe, task, examples, store.RunDir(tmp_path / "c", identity(pipe)), 0)
     assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_a_smaller_limit_is_refused_and_leaves_the_run_as_it_was(pipe, tmp_path):
+    run_eval(pipe, tmp_path, 4)
+    files = {name: (tmp_path / name).read_text() for name in (store.SAMPLES_FILE,
+                                                               store.SUMMARY_FILE)}
+    with pytest.raises(ValueError, match=r"holds 2 samples outside the 2 problems asked for "
+                                         r"\(a smaller --limit"):
+        run_eval(pipe, tmp_path, 2)
+    assert files == {name: (tmp_path / name).read_text() for name in files}
+
+
+def test_a_summary_never_keeps_the_note_of_other_samples(pipe, tmp_path):
+    """A rerun that decodes nothing keeps the speed figures only from a summary of the same
+    samples: here samples.jsonl grew (a run killed before its summary) since the last one."""
+    run_eval(pipe, tmp_path / "run", 2)
+    run_eval(pipe, tmp_path / "whole", 4)
+    (tmp_path / "run" / store.SAMPLES_FILE).write_text(
+        (tmp_path / "whole" / store.SAMPLES_FILE).read_text())
+    summary = run_eval(pipe, tmp_path / "run", 4)
+    assert (summary["n"], summary["decoded"], summary["resumed"]) == (4, 0, 4)
+    assert summary["stats_note"] == "no sample was decoded, so there are no speed figures"
+    records = read_lines(tmp_path / "run")
+    assert summary["accuracy"] == round(sum(r["correct"] for r in records) / 4, 4)

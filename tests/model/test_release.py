@@ -255,3 +255,16 @@ def test_the_published_sdar_config_translates(fixtures_dir, tmp_path):
     assert (config.block_size, config.mask_token_id, config.tie_word_embeddings) == (4, 151669, False)
     raw.pop("block_size")
     assert sdar_view_config(raw, release)["block_size"] == RELEASE_BLOCK_SIZE
+
+
+@pytest.mark.parametrize("case", ["missing eh_proj", "deeper than its file", "eh_proj halved"])
+def test_a_release_with_a_broken_head_is_refused_before_any_mode_decodes(pair, tmp_path, case):
+    """Static decoding never reads the head, but the release is refused as a whole (from
+    the file headers) when it loads, with the message load_head gives."""
+    model, head = pair
+    edit, changes, message = BAD[case]
+    release = write_release(tmp_path / "r", edit(official_tensors(model, head)),
+                            official_config(model, head, **changes))
+    with pytest.raises(CheckpointError, match=message.replace("missing tensor", "missing head")):
+        Pipeline.load(release)
+    Pipeline.load(release, head=tmp_path / "ours-head")  # another head: the release's is unused

@@ -36,7 +36,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.masks import block_causal_mask
-from mrp_dlm.serving.sampling import attach_sampling
+from mrp_dlm.serving.sglang_process import after_forward_batch_init
 from mrp_dlm.serving.stats import RequestForward, stats_of
 
 
@@ -127,7 +127,7 @@ def start_block(runner: FakeRunner, request: FakeRequest, mask_token_id: int) ->
     runner.req_to_token_pool.req_to_token[request.row, request.offset:request.offset + L] = slots
 
 
-def batch_of(runner: FakeRunner, requests: list[FakeRequest]) -> ForwardBatch:
+def batch_of(runner: FakeRunner, requests: list[FakeRequest], algorithm: str) -> ForwardBatch:
     L, B = runner.block_size, len(requests)
     table = runner.req_to_token_pool.req_to_token
     rows = torch.tensor([r.row for r in requests])  # (B,)
@@ -145,7 +145,8 @@ def batch_of(runner: FakeRunner, requests: list[FakeRequest]) -> ForwardBatch:
         extend_prefix_lens_cpu=list(prefix), extend_seq_lens_cpu=[L] * B,
         extend_num_tokens=B * L)
     # What the plugin's hook after ForwardBatch.init_new attaches in SGLang.
-    return attach_sampling(batch, ForwardBatch, SimpleNamespace(reqs=requests), runner)
+    schedule = SimpleNamespace(reqs=requests, dllm_config=SimpleNamespace(algorithm=algorithm))
+    return after_forward_batch_init(batch, ForwardBatch, schedule, runner)
 
 
 def serve(runner: FakeRunner, algorithm, prompts: list[list[int]], max_new: int,
@@ -169,7 +170,7 @@ def serve(runner: FakeRunner, algorithm, prompts: list[list[int]], max_new: int,
                 start_block(runner, request, mask_token_id)
         if admit is not None:
             admit(round_)
-        _, next_ids, accepted, states, _ = algorithm.run(runner, batch_of(runner, active),
+        _, next_ids, accepted, states, _ = algorithm.run(runner, batch_of(runner, active, type(algorithm).__name__),
                                                           [r.state for r in active])
         generating = [r.offset + L > len(r.prompt) for r in active]  # else prompt-only
         for request, ids, length, state in zip(active, next_ids, accepted, states):

@@ -43,7 +43,7 @@ from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from conftest import random_backbone, random_head, tiny_config  # noqa: E402
 from fake_engine import FakeRunner, serve  # noqa: E402
 from mrp_dlm.config import DecodeConfig, HeadConfig  # noqa: E402
-from mrp_dlm.decoding.drafting import SELF, RoundCosts  # noqa: E402
+from mrp_dlm.decoding.costs import SELF, RoundCosts  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
@@ -407,7 +407,7 @@ def test_stats_of_speculative_count_accepted_drafts(tmp_path):
 
 
 def test_stats_hook_reads_the_scheduler_requests(caplog):
-    from mrp_dlm.serving.stats import count_dllm_result
+    from mrp_dlm.serving.sglang_process import around_dllm_result as count_dllm_result
 
     def req(rid, prompt, extend_end, output, finished, finished_len=None):
         return SimpleNamespace(rid=rid, origin_input_ids=[0] * prompt, extend_end=extend_end,
@@ -484,10 +484,11 @@ def test_speculative_times_are_agreed_over_tp_ranks():
     # their next all-reduce hangs): the model's `agree` (the max over ranks) rewrites this
     # call's forward time and the last draft's before the planner sees them.
     algorithm = MrpSpeculative(dllm_config("MrpSpeculative", 4, lookahead=3))
-    algorithm.last_draft = (2, 1, 0.25)
+    algorithm.last_draft = (("head", "head"), 0.25)
     agreed = []
     model = SimpleNamespace(agree=lambda values: agreed.append(values) or [3.0, 0.5])
     assert algorithm.agreed_seconds(SimpleNamespace(model=model), 1.5) == 3.0
-    assert agreed == [[1.5, 0.25]] and algorithm.last_draft == (2, 1, 0.5)
+    assert agreed == [[1.5, 0.25]] and algorithm.last_draft == (("head", "head"), 0.5)
     alone = SimpleNamespace(model=SimpleNamespace())  # a model without `agree`: tp 1
-    assert algorithm.agreed_seconds(alone, 1.5) == 1.5 and algorithm.last_draft == (2, 1, 0.5)
+    assert algorithm.agreed_seconds(alone, 1.5) == 1.5
+    assert algorithm.last_draft == (("head", "head"), 0.5)

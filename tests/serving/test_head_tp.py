@@ -6,8 +6,9 @@ single-rank head's on the same pool protocol (float32, tolerance 1e-5: only the 
 order of the two all-reduced projections differs). Two shapes: kv heads split (4 q / 2 kv)
 and a kv head replicated on both ranks (4 q / 1 kv, as SGLang replicates when tp > nkv).
 
-No SGLang here: the ranks all-reduce with torch.distributed, as SGLang's CPU path does
-without its shared-memory kernel.
+The ranks all-reduce with torch.distributed, as SGLang's CPU path does without its
+shared-memory kernel; SGLang is only imported (the head pool reads SGLang's pools through
+the door, `sglang_forward.py`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,17 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest import random_backbone, tiny_config
-from mrp_dlm.config import HeadConfig
-from mrp_dlm.model.head import MRPHead
-from mrp_dlm.serving.head_pool import HeadContext, HeadPool
-from mrp_dlm.serving.head_tp import Split, kv_heads_of, shard_head
+from sglang_env import require_sglang
+
+require_sglang()
+
+from conftest import random_backbone, tiny_config  # noqa: E402
+from mrp_dlm.config import HeadConfig  # noqa: E402
+from mrp_dlm.model.head import MRPHead  # noqa: E402
+from mrp_dlm.serving.head_pool import HeadContext, HeadPool  # noqa: E402
+from mrp_dlm.serving.head_tp import Split, kv_heads_of, shard_head  # noqa: E402
+
+pytestmark = pytest.mark.sglang
 
 L = 4  # block size of the tiny model
 TOLERANCE = 1e-5

@@ -46,7 +46,8 @@ def sglang_like(block: Qwen3MoeSparseMoeBlock, rank: int = 0, world: int = 1) ->
 def sparse_mlp(block: SimpleNamespace, normalize: bool, x: torch.Tensor) -> torch.Tensor:
     config = tiny_config(hidden_size=H, num_experts=E, num_experts_per_tok=K,
                          moe_intermediate_size=I, norm_topk_prob=normalize)
-    return library_mlp(block, config)(x)  # (T, H)
+    return library_mlp(block.gate.weight, block.experts.w13_weight, block.experts.w2_weight,
+                       config)(x)  # (T, H)
 
 
 @pytest.mark.parametrize("normalize", [True, False])

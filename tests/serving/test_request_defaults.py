@@ -1,12 +1,10 @@
 """`--preferred-sampling-params` on SGLang's OpenAI endpoints (`request_defaults.py`), on
 SGLang's own request classes: a field the request leaves out gets the preferred value, a
-field it sets keeps its own; without preferred params nothing changes; the hook targets
-exist in this SGLang.
+field it sets keeps its own; without preferred params, or on a server of another
+algorithm, nothing changes (the hook targets are resolved in `test_door.py`).
 """
 
 from __future__ import annotations
-
-import pkgutil
 
 import pytest
 
@@ -19,9 +17,8 @@ from sglang.srt.entrypoints.openai.protocol import (ChatCompletionRequest,  # no
 from sglang.srt.entrypoints.openai.serving_completions import (  # noqa: E402
     OpenAIServingCompletion)
 
-from mrp_dlm.serving import request_defaults  # noqa: E402
-from mrp_dlm.serving.request_defaults import (CHAT_TARGET, COMPLETION_TARGET,  # noqa: E402
-                                              chat_hook, completion_hook)
+from mrp_dlm.serving import sglang_process  # noqa: E402
+from mrp_dlm.serving.sglang_process import after_chat_params, after_completion_params  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -32,19 +29,20 @@ def chat_params(preferred: dict, generation_config: dict | None = None, **reques
     chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
                                  **request)
     params = chat.to_sampling_params(stop=[], model_generation_config=generation_config or {})
-    return chat_hook(params, chat)
+    return after_chat_params(params, chat)
 
 
 def completion_params(**request) -> dict:
     completion = CompletionRequest(model="m", prompt="hi", **request)
     params = OpenAIServingCompletion._build_sampling_params(None, completion)
-    return completion_hook(params, None, completion)
+    return after_completion_params(params, None, completion)
 
 
 @pytest.fixture
 def preferred(monkeypatch):
-    def use(params: dict) -> None:
-        monkeypatch.setattr(request_defaults, "preferred_params", lambda: dict(params))
+    def use(params: dict, algorithm: str = "MrpSpeculative") -> None:
+        monkeypatch.setattr(sglang_process, "preferred_params", lambda: dict(params))
+        monkeypatch.setattr(sglang_process, "served_algorithm", lambda: (algorithm, None))
     return use
 
 
@@ -72,7 +70,8 @@ def test_without_preferred_params_nothing_changes(preferred):
     assert chat_params({})["top_p"] == 0.5 and completion_params(top_p=0.9)["top_p"] == 0.9
 
 
-def test_hook_targets_exist_in_this_sglang():
-    for target in (CHAT_TARGET, COMPLETION_TARGET):
-        owner, name = target.rsplit(".", 1)
-        assert callable(getattr(pkgutil.resolve_name(owner), name)), target
+@pytest.mark.parametrize("algorithm", ["LowConfidence", None])
+def test_a_server_of_another_algorithm_is_left_alone(preferred, algorithm):
+    preferred(GREEDY, algorithm)  # None: no dLLM algorithm (a plain model)
+    assert chat_params(GREEDY)["temperature"] == 1.0
+    assert completion_params()["temperature"] == 1.0

@@ -23,7 +23,8 @@ from mrp_dlm.config import DecodeConfig, HeadConfig  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
-from mrp_dlm.serving.sampling import request_seed, rows_sampling  # noqa: E402
+from mrp_dlm.serving.sampling import rows_sampling  # noqa: E402
+from mrp_dlm.serving.sglang_process import request_seed  # noqa: E402
 from mrp_dlm.serving.remask import MrpRemask  # noqa: E402
 from mrp_dlm.serving.speculative import MrpSpeculative  # noqa: E402
 from test_algorithms import (LENGTHS, MASK, MAX_NEW, backbone, dllm_config, robust_prompts,  # noqa: E402
@@ -104,7 +105,8 @@ def test_a_request_without_seed_gets_one_fresh_seed_for_life():
     seed = request_seed(first)
     assert request_seed(first) == seed  # kept on the request
     assert request_seed(second) != seed  # fresh per request (2**-32 to collide)
-    rows = rows_sampling([first, second])
+    rows = rows_sampling([first.sampling_params, second.sampling_params],
+                         [request_seed(first), request_seed(second)])
     assert rows.seed.tolist() == [seed, request_seed(second)]
     assert rows.top_k.tolist() == [0, 0]  # SGLang's "all tokens" is no cut
 
@@ -112,7 +114,7 @@ def test_a_request_without_seed_gets_one_fresh_seed_for_life():
 def test_all_greedy_batches_take_the_greedy_path():
     greedy = SimpleNamespace(sampling_params=SimpleNamespace(
         temperature=1.0, top_k=1, top_p=1.0, sampling_seed=None))
-    assert rows_sampling([greedy, greedy]).greedy
+    assert rows_sampling([greedy.sampling_params] * 2, [0, 0]).greedy
 
 
 def test_min_p_is_refused_with_a_fix():

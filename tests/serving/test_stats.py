@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mrp_dlm.serving.stats import WARMUP_MAX_NEW_TOKENS, WARMUP_TEXT, is_server_probe
+from mrp_dlm.serving.sglang_process import WARMUP_MAX_NEW_TOKENS, WARMUP_TEXT, is_server_probe
 
 
 def request(rid: str, text: str = "Tom has 3 apples.", max_new: int = 64) -> SimpleNamespace:

@@ -305,17 +305,21 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
 # ----------------------------------------------------------------------------- the loop
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    """A tiny random backbone (block 4) with a trained tokenizer, as `mrp train head` reads it."""
-    directory = tmp_path_factory.mktemp("backbone")
+def write_model_dir(directory: Path, **overrides) -> Path:
+    """A tiny random backbone (block 4; `overrides` of its config) with a trained tokenizer,
+    as `mrp train head` reads it."""
     problems, targets = task_texts(("arith",), 40)
     tokenizer = train_tokenizer(problems + targets, 300)
     save_tokenizer(tokenizer, directory)
     config = tiny_config(vocab_size=tokenizer.get_vocab_size(), mask_token_id=3,
-                         stop_token_ids=(2, 0))
+                         stop_token_ids=(2, 0), **overrides)
     save_backbone(random_backbone(config), directory)
     return directory
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return write_model_dir(tmp_path_factory.mktemp("backbone"))
 
 
 def run_config(model: Path, out: Path, **changes) -> HeadTrainConfig:
@@ -425,12 +429,14 @@ def test_two_process_ddp_matches_one_process(model_dir, tmp_path):
         one["random_reveal"]["kl_residual"], rel=1e-4)  # reveal keys are per row, not per rank
 
 
-def one_and_two_processes(config: HeadTrainConfig) -> tuple[dict, dict]:
-    """Train `config` in 1 process and in 2 gloo processes; check that the losses and the
-    weights agree and return the last metrics of each."""
+def one_and_two_processes(config: HeadTrainConfig, worker=ddp_worker,
+                          **two_changes) -> tuple[dict, dict]:
+    """Train `config` in 1 process and in 2 gloo processes (run by `worker`, with
+    `two_changes`); check that the losses and the weights agree and return the last
+    metrics of each."""
     single = head_loop.train_head(config)
-    double = dataclasses.replace(config, out=str(Path(config.out).parent / "two"))
-    mp.spawn(ddp_worker, args=(2, free_port(), double), nprocs=2, join=True)
+    double = dataclasses.replace(config, out=str(Path(config.out).parent / "two"), **two_changes)
+    mp.spawn(worker, args=(2, free_port(), double), nprocs=2, join=True)
     double_out = Path(double.out)
     logs = [read_jsonl(out / "train_log.jsonl") for out in (single, double_out)]
     for a, b in zip(*logs):
