@@ -1,7 +1,7 @@
 """Serving in SGLang 0.5.23: a plugin (`plugin.load`, entry point `sglang.srt.plugins`) with
 MRP speculative, direct and remask decoding, and `mrp serve`. Module map:
   plugin.py          entry point: what is registered (algorithms, architectures, hooks)
-  sglang_process.py  door: version, registries, hooks, runtime context, server main
+  sglang_process.py  door: version, registries, hooks, runtime context, TP group, MoE blocks
   sglang_forward.py  door: algorithm contract, ForwardBatch, runner, pools, verify rows
   config.py          the algorithms' YAML as a frozen dataclass; block size / mask id rules
   base.py            shared by the algorithms: launch and request errors, one forward
@@ -11,8 +11,10 @@ MRP speculative, direct and remask decoding, and `mrp serve`. Module map:
   sampling.py        per-request temperature / top-k / top-p / seed of a batch
   head_host.py       the head on an SGLang model's shared weights, fingerprint-checked
   head_pool.py       the head's keys of earlier blocks: a pool by KV slot, the head's steps
-  sdar_config.py     model_type `sdar` for transformers
-  models/            SGLang model classes (our SDARForCausalLM)
+  head_tp.py         the head split over tensor-parallel ranks
+  moe_cpu.py         the library's sparse MLP on SGLang's MoE tensors (CPU without kernels)
+  sdar_config.py     model_types `sdar` and `sdar_moe` for transformers
+  models/            SGLang model classes (our SDARForCausalLM, SDARMoeForCausalLM)
   stats.py           serving stats per algorithm: log line, metrics
   request_defaults.py  --preferred-sampling-params for what OpenAI requests leave out
   serve_config.py    what `mrp serve` takes (ServeConfig), light to import

@@ -2,9 +2,9 @@
 errors for what they do not support, the model's head, and the per-request block state.
 
 Errors, each with a message that says what to do:
-- at launch: tensor parallelism > 1, `--no-dllm-fdfo` (the algorithms are written for
-  first-done-first-out scheduling), a bad YAML, a missing head directory, a head whose
-  fingerprint does not match the model or the block size (raised while the model loads);
+- at launch: `--no-dllm-fdfo` (the algorithms are written for first-done-first-out
+  scheduling), a bad YAML, a missing head directory, a head whose fingerprint does not
+  match the model or the block size (raised while the model loads);
 - per request: sampling (`sampling_refusal`, the one place that decides it).
   `MrpSpeculative` serves greedy and sampled requests (temperature, top_k, top_p, seed;
   see `sampling.py`) but not min_p. `MrpDirect` decodes greedily; SGLang turns temperature
@@ -38,8 +38,9 @@ from mrp_dlm.serving.sglang_process import LaunchArgs
 
 
 class MrpAlgorithm(SGLangAlgorithm):
-    """Base of MrpSpeculative, MrpDirect and MrpRemask (FDFO only, tp 1 only; which
-    requests each serves: `sampling_refusal`).
+    """Base of MrpSpeculative, MrpDirect and MrpRemask (FDFO only; which requests each
+    serves: `sampling_refusal`). Under tensor parallelism every rank runs the same
+    algorithm on the same batch and logits, so every rank takes the same decisions.
 
     `self.mask_id` and `self.block_size` are SGLang's (its `DllmAlgorithm.__init__` sets
     them from its DllmConfig), so they keep SGLang's names; ours is `mask_token_id`."""
@@ -59,9 +60,6 @@ class MrpAlgorithm(SGLangAlgorithm):
 
     @classmethod
     def check_launch(cls, args: LaunchArgs) -> None:
-        if args.tp_size > 1:
-            raise ServingConfigError(f"{cls.__name__} supports tensor parallelism 1 only "
-                                     f"(got --tp {args.tp_size}); SDAR 1.7B-8B fit one GPU")
         if not args.fdfo:
             raise ServingConfigError(no_fdfo_message(cls.__name__))
         if args.config_path is None:
@@ -78,7 +76,7 @@ class MrpAlgorithm(SGLangAlgorithm):
         model = served_model(model_runner)
         head, host = getattr(model, "mrp_head", None), getattr(model, "mrp_host", None)
         if host is None or (head is None and self.serving.head is not None):
-            raise RuntimeError(f"{type(self).__name__} needs the mrp-dlm SDARForCausalLM "
+            raise RuntimeError(f"{type(self).__name__} needs the mrp-dlm SDAR model class "
                                "with its head loaded; is the mrp-dlm plugin installed and "
                                "SGLANG_PLUGINS (if set) naming it?")
         return head, host

@@ -5,7 +5,9 @@ its fingerprint check.
 `MRPHead` reads `model.embed_tokens` from the backbone it is given; `load_head` and the
 fingerprint read `config` (a BackboneConfig) and `lm_head.weight`. SGLang may pad the
 vocabulary rows of its embedding and lm_head; the view slices them back to V rows, so the
-fingerprint hashes exactly the checkpoint's lm_head.
+fingerprint hashes exactly the checkpoint's lm_head. Under tensor parallelism each rank
+holds a vocabulary shard of the lm_head: the host then gathers the logits of every shard
+(`gather`, SGLang's all-gather), and the head is loaded against the gathered lm_head.
 
 Deliberately not here: SGLang's model class (`sglang_forward.MrpModel`) and any decoding.
 
@@ -15,9 +17,9 @@ Shapes: T tokens, H hidden, V vocab.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -38,7 +40,7 @@ class EmbeddingView:
 
 @dataclass(frozen=True)
 class LinearView:
-    weight: torch.Tensor  # (V, H) the lm_head rows of the real vocabulary
+    weight: torch.Tensor  # (V, H) the lm_head rows of the real vocabulary; a rank's shard under TP
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class HeadHost:
     config: BackboneConfig  # the backbone's shape, block size and mask id
     model: EmbeddingView  # `model.embed_tokens`, as `MRPHead.forward` reads it
     lm_head: LinearView  # weights of the backbone's lm_head (no bias)
+    gather: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # TP: concatenates every
+    # rank's (..., V_shard) along the last dim; None: the lm_head is whole
 
     @property
     def mask_token_id(self) -> int:
@@ -55,7 +59,10 @@ class HeadHost:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Same-position logits (..., V) float32 of hidden states (..., H)."""
-        return (hidden @ self.lm_head.weight.T).float()
+        local = hidden @ self.lm_head.weight.T  # (..., V) or this rank's (..., V_shard)
+        if self.gather is None:
+            return local.float()
+        return self.gather(local)[..., :self.config.vocab_size].float()  # (..., V)
 
 
 def raw_config(hf_config: Any) -> dict:
@@ -68,28 +75,35 @@ def raw_config(hf_config: Any) -> dict:
 
 
 def host_of(hf_config: Any, embed_tokens: Callable, lm_head_weight: torch.Tensor,
-            facts: BlockFacts) -> HeadHost:
-    """A HeadHost for an SGLang model's Hugging Face config and weights."""
+            facts: BlockFacts, gather: Optional[Callable] = None) -> HeadHost:
+    """A HeadHost for an SGLang model's Hugging Face config and weights; with `gather`
+    (tensor parallelism), lm_head_weight is this rank's vocabulary shard."""
     raw = raw_config(hf_config)
     config = config_from_hf(raw, stop_ids=(), mask_token_id=facts.mask_token_id,
                             block_size=facts.block_size)
-    V = config.vocab_size
+    weight = lm_head_weight if gather is not None else lm_head_weight[:config.vocab_size]
     return HeadHost(config=config, model=EmbeddingView(embed_tokens),
-                    lm_head=LinearView(lm_head_weight[:V]))
+                    lm_head=LinearView(weight), gather=gather)
 
 
 def load_host_head(directory: Path, host: HeadHost) -> MRPHead:
-    """The head in `directory`, checked against the served model and block size."""
+    """The head in `directory`, checked against the served model and block size (under TP
+    against the whole lm_head, gathered once)."""
+    if host.gather is not None:
+        shard = host.lm_head.weight.T.contiguous()  # (H, V_shard)
+        whole = host.gather(shard).T[:host.config.vocab_size]  # (V, H)
+        host = replace(host, lm_head=LinearView(whole), gather=None)
     return load_head(directory, host, host.config.block_size)
 
 
 def attach_head(config_path: str | None, hf_config: Any, embed_tokens: Callable,
-                lm_head_weight: torch.Tensor, facts: BlockFacts
-                ) -> tuple[HeadHost, MRPHead | None]:
+                lm_head_weight: torch.Tensor, facts: BlockFacts,
+                gather: Optional[Callable] = None) -> tuple[HeadHost, MRPHead | None]:
     """(host, head) of a served model: the head named by the YAML, checked against the
-    model; None when it names none (MrpSpeculative self-drafts, only the host is needed)."""
+    model (whole: the caller keeps its rank's share); None when it names none
+    (MrpSpeculative self-drafts, only the host is needed). `gather`: as `host_of`'s."""
     serving = load_serving_config(config_path)
-    host = host_of(hf_config, embed_tokens, lm_head_weight, facts)
+    host = host_of(hf_config, embed_tokens, lm_head_weight, facts, gather)
     if serving.head_directory() is None:
         log.info("no MRP head: MrpSpeculative self-drafts (the rule on the seed logits)")
         return host, None

@@ -30,6 +30,7 @@ from typing import Any, Optional
 import torch
 
 from mrp_dlm.model.head import HeadAttention, HeadBackbone, MRPHead
+from mrp_dlm.serving.head_tp import kv_heads_of
 from mrp_dlm.serving.sglang_forward import (block_positions, kv_slot_count, prefix_lengths,
                                             request_slots)
 
@@ -60,13 +61,12 @@ class HeadPool:
         """A pool over every slot id of the runner's KV allocator (ids < size + page size)."""
         slots = kv_slot_count(model_runner)
         cfg, weight = head.backbone_config, head.fuse.weight
-        pool = cls(head.config.num_layers, slots, cfg.num_kv_heads, cfg.head_dim, weight.dtype,
-                   weight.device)
-        per_token = head_bytes_per_token(head.config.num_layers, cfg.num_kv_heads,
-                                         cfg.head_dim, weight.dtype)
+        nkv = kv_heads_of(head)  # this TP rank's
+        pool = cls(head.config.num_layers, slots, nkv, cfg.head_dim, weight.dtype, weight.device)
+        per_token = head_bytes_per_token(head.config.num_layers, nkv, cfg.head_dim, weight.dtype)
         log.info("MRP head KV pool: %d slots x %d bytes per token (%d layers x 2 x %d kv heads "
                  "x %d head dim x %s) = %.1f MiB", slots, per_token, head.config.num_layers,
-                 cfg.num_kv_heads, cfg.head_dim, weight.dtype, slots * per_token / 2**20)
+                 nkv, cfg.head_dim, weight.dtype, slots * per_token / 2**20)
         return pool
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ INSTALL_HINT = ("install it with `pip install 'mrp-dlm[sglang]'` on a CUDA host,
                 "(SGLang without its CUDA torch; see docs/serving.md)")
 DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}  # safetensors -> torch
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+CPU_BIND_VAR = "SGLANG_CPU_OMP_THREADS_BIND"  # SGLang's cores per TP rank on a CPU
 VIEW_NAME = "sdar-view"  # a release's SDAR view, written beside the algorithm's YAML
 
 
@@ -238,13 +240,36 @@ def cpu_flags(checkpoint: Checkpoint, block_size: int) -> list[str]:
             "--max-running-requests", str(CPU_MAX_RUNNING_REQUESTS)]
 
 
-def cpu_env(checkpoint: Checkpoint, environ: dict[str, str]) -> dict[str, str]:
-    """SGLang's CPU engine switch, and the library's CPU thread rule unless set already."""
+def cpu_env(checkpoint: Checkpoint, environ: dict[str, str], tp: int = 1) -> dict[str, str]:
+    """SGLang's CPU engine switch, and the library's CPU thread rule unless set already;
+    with tp ranks, each rank gets its share of the threads and of the usable cores."""
     env = {"SGLANG_USE_CPU_ENGINE": "1"}
     choice = choose_threads(None, checkpoint.parameters, "cpu", environ, usable_cpus())
     if choice.threads is not None:
-        env["OMP_NUM_THREADS"] = str(choice.threads)
+        env["OMP_NUM_THREADS"] = str(max(choice.threads // tp, 1))
+    if tp > 1 and not environ.get(CPU_BIND_VAR):
+        env[CPU_BIND_VAR] = cpu_binding(sorted(os.sched_getaffinity(0)), tp)
     return env
+
+
+def cpu_binding(cpus: list[int], tp: int) -> str:
+    """SGLANG_CPU_OMP_THREADS_BIND for tp ranks: the cores split into tp runs ('0-7|8-15');
+    with fewer cores than ranks, ranks share them. SGLang otherwise wants a NUMA node per
+    rank and refuses more ranks than nodes."""
+    groups = [cpus[rank * len(cpus) // tp:(rank + 1) * len(cpus) // tp] or
+              [cpus[rank % len(cpus)]] for rank in range(tp)]
+    return "|".join(",".join(cpu_ranges(group)) for group in groups)
+
+
+def cpu_ranges(cpus: list[int]) -> list[str]:
+    """Sorted core ids as ranges: [0, 1, 2, 5] -> ['0-2', '5']."""
+    runs: list[list[int]] = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return [f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs]
 
 
 def block_size_of(directory: Path) -> int:
@@ -280,10 +305,12 @@ def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
             "--host", HOST, "--port", str(config.port), "--dtype", checkpoint.dtype,
             "--dllm-algorithm", config.algorithm, "--dllm-algorithm-config", str(yaml_path),
             "--preferred-sampling-params", json.dumps(GREEDY_DEFAULTS)]
+    if config.tp > 1:
+        argv += ["--tp-size", str(config.tp)]
     env = {}
     if device == "cpu":
         argv += cpu_flags(checkpoint, block_size_of(model_dir))
-        env = cpu_env(checkpoint, environ)
+        env = cpu_env(checkpoint, environ, config.tp)
     return LaunchPlan(argv=argv + list(extra_args), env=env,
                       yaml_text=algorithm_yaml(config, head), device=device,
                       checkpoint=checkpoint, head=head, view_of=view_of)

@@ -7,8 +7,8 @@ nothing, so SGLang's own models and algorithms serve as usual. Otherwise it
 - registers `MrpSpeculative`, `MrpDirect` and `MrpRemask` in SGLang's algorithm registry;
 - points SGLang's external model package at `mrp_dlm.serving.models` (our model classes,
   `sglang_forward.MrpModel` on SGLang's own);
-- registers model_type `sdar` with transformers as Qwen3's config, so SDAR checkpoints
-  without custom code load without --trust-remote-code;
+- registers model_types `sdar` and `sdar_moe` with transformers as Qwen3's and Qwen3-MoE's
+  configs, so SDAR checkpoints without custom code load without --trust-remote-code;
 - registers the hooks of `sglang_process.HOOKS`, each acting only where an MRP algorithm
   serves an MRP architecture (`block_facts`, `head_bytes`, and the adapters there); the
   stats also count `LowConfidence` on those models, the baseline `mrp serve` offers.
@@ -63,12 +63,19 @@ def register_algorithms() -> None:
 def register_sdar_config() -> None:
     from transformers import AutoConfig
 
-    from mrp_dlm.serving.sdar_config import SDARConfig
+    from mrp_dlm.serving.sdar_config import SDARConfig, SDARMoeConfig
 
-    try:
-        AutoConfig.for_model("sdar")
-    except ValueError:
-        AutoConfig.register("sdar", SDARConfig)
+    for config in (SDARConfig, SDARMoeConfig):
+        try:
+            AutoConfig.for_model(config.model_type)
+        except ValueError:
+            AutoConfig.register(config.model_type, config)
+
+
+def is_mrp_architecture(hf_config: Any) -> bool:
+    """Whether a Hugging Face config is of an MRP architecture (SDAR, dense or MoE)."""
+    architectures = getattr(hf_config, "architectures", None) or []
+    return architectures[:1] in [[name] for name in MRP_ARCHITECTURES]
 
 
 def block_facts(hf_config: Any, yaml_path: Optional[str]) -> Optional["BlockFacts"]:
@@ -77,8 +84,7 @@ def block_facts(hf_config: Any, yaml_path: Optional[str]) -> Optional["BlockFact
     its own mask id); None for any other model (SGLang's own facts stand)."""
     from mrp_dlm.serving.config import read_yaml, resolve_block_facts
 
-    architectures = getattr(hf_config, "architectures", None) or []
-    if architectures[:1] not in [[name] for name in MRP_ARCHITECTURES]:
+    if not is_mrp_architecture(hf_config):
         return None
     return resolve_block_facts(read_yaml(yaml_path), hf_config)
 

@@ -25,8 +25,10 @@ class ServeError(ValueError):
 class ServeConfig:
     """What `mrp serve` takes; everything else it chooses."""
 
-    model: str | None = None  # checkpoint directory (HF format); unset: the embedded model
-    head: str | None = None  # MRP head directory; unset: the embedded head with the embedded model
+    model: str | None = field(default=None, metadata={"help": (
+        "checkpoint directory (HF format); unset: the embedded model")})
+    head: str | None = field(default=None, metadata={"help": (
+        "MRP head directory; unset: the embedded head with the embedded model")})
     algorithm: str = field(default="MrpSpeculative", metadata={"help": (
         "MrpSpeculative (lossless), MrpDirect, MrpRemask (the paper's residual veto) or "
         "LowConfidence")})
@@ -35,13 +37,20 @@ class ServeConfig:
         "generate's")})
     lookahead: int = field(default=DecodeConfig.lookahead, metadata={"help": (
         "K: head drafts per round (speculative), commits per forward (direct)")})
-    adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: run only the head drafts that pay
+    adaptive: bool = field(default=DecodeConfig.adaptive, metadata={"help": (
+        "MrpSpeculative: run only the head drafts that pay")})
     remask_delta: float = field(default=DecodeConfig.remask_delta, metadata={"help": (
         "MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask")})
-    port: int = 30000  # HTTP port on 127.0.0.1
-    device: str = "auto"  # cpu or cuda; auto: cuda when this machine has one, else cpu
-    revision: str | None = None  # branch, tag or commit of a hub id (org/name) --model; unset: main
-    head_revision: str | None = None  # branch, tag or commit of a hub id --head; unset: main
+    tp: int = field(default=1, metadata={"help": (
+        "tensor-parallel size: the backbone and the head split over this many GPUs (or CPU "
+        "processes)")})
+    port: int = field(default=30000, metadata={"help": "HTTP port on 127.0.0.1"})
+    device: str = field(default="auto", metadata={"help": (
+        "cpu or cuda; auto: cuda when this machine has one, else cpu")})
+    revision: str | None = field(default=None, metadata={"help": (
+        "branch, tag or commit of a hub id (org/name) --model; unset: main")})
+    head_revision: str | None = field(default=None, metadata={"help": (
+        "branch, tag or commit of a hub id --head; unset: main")})
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -51,6 +60,8 @@ class ServeConfig:
             raise ServeError(f"threshold must be in (0, 1], got {self.threshold}")
         if self.lookahead < 1:
             raise ServeError(f"lookahead must be >= 1, got {self.lookahead}")
+        if self.tp < 1:
+            raise ServeError(f"tp must be >= 1, got {self.tp}")
         if not 0 < self.port < 65536:
             raise ServeError(f"port must be in 1..65535, got {self.port}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -34,8 +34,9 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 
 from mrp_dlm.decoding.sampling import SamplingConfig, map_rows
 from mrp_dlm.serving.sampling import BATCH_ATTRIBUTE
-from mrp_dlm.serving.sglang_process import (MODEL_BASES, check_version, launch_args,
-                                            served_algorithm, tensor_parallel_size)
+from mrp_dlm.serving.sglang_process import (MODEL_BASES, all_reduce, check_version,
+                                            gather_vocab, launch_args, max_over_ranks,
+                                            served_algorithm, tensor_parallel_rank)
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +296,9 @@ class MrpModel:
     (after the final norm, h_A) for the head, and the mask token's logit is -inf (SUBS, as
     in our decoder: [MASK] is never committed). `load_weights` skips a release's head
     tensors (`mrp_modules.*`, which SGLang's loader would misname) and, when an MRP
-    algorithm serves, attaches the head named by the YAML (`head_host.attach_head`)."""
+    algorithm serves, attaches the head named by the YAML (`head_host.attach_head`); under
+    tensor parallelism, this rank's share of it (`head_tp.py`), its logits gathered over
+    the lm_head's vocabulary shards, and `agree` (timings' max over the ranks)."""
 
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         from mrp_dlm.serving.config import read_yaml, resolve_block_facts
@@ -321,6 +324,7 @@ class MrpModel:
     def load_weights(self, weights: Iterable) -> None:
         from mrp_dlm.model.release import is_head_tensor
         from mrp_dlm.serving.head_host import attach_head
+        from mrp_dlm.serving.head_tp import shard_head
         from mrp_dlm.serving.plugin import ALGORITHMS
 
         super().load_weights((name, tensor) for name, tensor in weights
@@ -328,12 +332,17 @@ class MrpModel:
         algorithm, config_path = served_algorithm()
         if algorithm not in ALGORITHMS:
             return
-        if tensor_parallel_size() > 1:
-            raise ValueError("the MRP algorithms support tensor parallelism 1 only (got --tp "
-                             f"{tensor_parallel_size()}); SDAR 1.7B-8B fit one GPU")
-        self.mrp_host, self.mrp_head = attach_head(config_path, self.config,
-                                                   self.model.embed_tokens,
-                                                   self.lm_head.weight, self.block_facts)
+        rank, world = tensor_parallel_rank()
+        self.mrp_host, head = attach_head(config_path, self.config, self.model.embed_tokens,
+                                          self.lm_head.weight, self.block_facts,
+                                          gather_vocab if world > 1 else None)
+        if head is not None:  # this rank's share of it, a submodule (the model's device)
+            self.mrp_head = shard_head(head, rank, world, all_reduce)
+
+    def agree(self, values: list[float]) -> list[float]:
+        """Each of this rank's measurements (times) as their max over the TP ranks, so that
+        what the MRP algorithms decide from them is the same on every rank."""
+        return max_over_ranks(values)
 
 
 def batch_sampling(forward_batch: Any, device: torch.device) -> SamplingConfig:

@@ -8,10 +8,11 @@
 - the runtime context (`served_algorithm`, `tensor_parallel_size`), launch-time server
   args (`launch_args`), SGLang's server main (`run_server`), the SGLang model classes
   ours extend (`MODEL_BASES`), and the one name of its platform stub module the CPU
-  stand-ins use (`triton_mock_finder`).
+  stand-ins use (`triton_mock_finder`);
+- the tensor-parallel group's collectives (the head's all-reduces, the vocabulary gather,
+  the timings' max) and SGLang's MoE blocks, which `moe_cpu.py` runs on a CPU.
 The other door is `sglang_forward.py` (one dLLM forward). docs/serving.md lists every
 touch with the SGLang file it mirrors; tests/serving/test_door.py resolves each one.
-
 Importing this module imports neither SGLang nor torch (the CPU stand-ins import it at
 interpreter start); every SGLang import is inside the function that needs it.
 
@@ -37,6 +38,7 @@ SUPPORTED_SGLANG = ("0.5.23",)
 MODEL_PACKAGE_VARIABLE = "SGLANG_EXTERNAL_MODEL_PACKAGE"  # SGLang's external model package
 MODEL_BASES = {  # each MRP architecture -> the SGLang module of its model class (our base)
     "SDARForCausalLM": "sglang.srt.models.sdar",
+    "SDARMoeForCausalLM": "sglang.srt.models.sdar_moe",
 }
 SEED_ATTRIBUTE = "mrp_sampling_seed"  # on a Req: the fresh seed of a request sent without one
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"  # sglang.srt.constants: /health_generate's requests
@@ -124,6 +126,68 @@ def tensor_parallel_size() -> int:
     return get_parallel().tp_size
 
 
+# ---- the tensor-parallel group (SGLang's, sglang/srt/distributed/parallel_state.py) -----
+
+def tensor_parallel_rank() -> tuple[int, int]:
+    """(this rank, the TP world size)."""
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    return group.rank_in_group, group.world_size
+
+
+def gather_vocab(shard: Any) -> Any:
+    """Every TP rank's (..., V_shard) concatenated along the last dim."""
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    return get_tp_group().all_gather(shard.contiguous(), dim=-1)
+
+
+def all_reduce(partial: Any) -> Any:
+    """The sum over the TP ranks of each rank's partial (..., H)."""
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    return get_tp_group().all_reduce(partial)
+
+
+def max_over_ranks(values: list[float]) -> list[float]:
+    """Each value's max over the TP ranks (on the host: the group's gloo side)."""
+    import torch
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    if group.world_size == 1:
+        return values
+    agreed = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX,
+                                 group=group.cpu_group)
+    return agreed.tolist()
+
+
+# ---- SGLang's MoE blocks (sglang/srt/models/sdar_moe.py, layers/moe/) --------------------
+
+def cpu_lacks_moe_kernels(device: str) -> bool:
+    """Whether SGLang's own CPU MoE path would call a kernel this machine lacks (without
+    AMX its router calls `topk_softmax`, imported only on CUDA, HIP and XPU)."""
+    from sglang.srt.utils import cpu_has_amx_support
+
+    return device == "cpu" and not cpu_has_amx_support()
+
+
+def replace_moe_blocks(model: Any, mlp_of: Callable[..., Any]) -> int:
+    """Every sparse block of an SGLang MoE model runs `mlp_of(router (E, H), gate_up
+    (E, 2I, H), down (E, H, I))` (SGLang's own tensors) instead of its kernels; returns
+    how many blocks. Under TP each rank's I is its share; the layer all-reduces after."""
+    blocks = [layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+    for block in blocks:
+        experts = block.experts
+        if experts.num_local_experts != experts.num_experts:
+            raise ValueError("the MoE CPU path runs without expert parallelism (--ep 1)")
+        mlp = mlp_of(block.gate.weight, experts.w13_weight, experts.w2_weight)
+        block.forward_normal = mlp.forward  # (T, H) -> (T, H)
+    return len(blocks)
+
+
 @dataclass(frozen=True)
 class LaunchArgs:
     """The server args an MRP algorithm checks at launch."""
@@ -195,9 +259,9 @@ def after_cell_size(result, configurator, kvc, *args, **kwargs):
     algorithm, config_path = served_algorithm()
     if result is None or kvc.is_draft_worker or algorithm not in HEAD_KEY_ALGORITHMS:
         return result
-    model = kvc.model_config
-    return result + head_bytes(config_path, model.get_num_kv_heads(1), model.head_dim,
-                               model.dtype, result)
+    model = kvc.model_config  # per TP rank: its share of the kv heads, as SGLang's own size
+    return result + head_bytes(config_path, model.get_num_kv_heads(tensor_parallel_size()),
+                               model.head_dim, model.dtype, result)
 
 
 def request_seed(req: Any) -> int:
@@ -227,15 +291,14 @@ def after_forward_batch_init(result, cls, batch, *args, **kwargs):
 
 def counted_algorithm(scheduler: Any) -> Any:
     """The scheduler's dLLM algorithm object when its results are counted, else None."""
-    from mrp_dlm.serving.plugin import MRP_ARCHITECTURES
+    from mrp_dlm.serving.plugin import is_mrp_architecture
     from mrp_dlm.serving.stats import COUNTED_ALGORITHMS
 
     config = getattr(scheduler, "dllm_config", None)
     if config is None or not config.first_done_first_out_mode \
             or config.algorithm not in COUNTED_ALGORITHMS:
         return None
-    architectures = getattr(scheduler.model_config.hf_config, "architectures", None) or []
-    if architectures[:1] not in [[name] for name in MRP_ARCHITECTURES]:
+    if not is_mrp_architecture(scheduler.model_config.hf_config):
         return None
     return scheduler.tp_worker.dllm_algorithm
 

@@ -40,8 +40,8 @@ from mrp_dlm.serving.base import MrpAlgorithm
 from mrp_dlm.serving.head_pool import HeadContext
 from mrp_dlm.serving.sglang_forward import (Answer, Scratch, batch_sampling, block_ids,
                                             block_positions, build_rows_batch, forward_rows,
-                                            prompt_mask_of, reserve, spare_rows,
-                                            write_block_ids)
+                                            prompt_mask_of, reserve, served_model,
+                                            spare_rows, write_block_ids)
 from mrp_dlm.serving.stats import stats_of
 
 
@@ -170,7 +170,7 @@ class MrpSpeculative(MrpAlgorithm):
         finally:
             scratch.release()
         if probe is not None:
-            self.sample(bucket, rounds, seconds)
+            self.sample(bucket, rounds, self.agreed_seconds(model_runner, seconds))
         positions = block_positions(forward_batch, L)  # (B, L)
         sampling = batch_sampling(forward_batch, positions.device)
         prompt = torch.stack([s.prompt for s in states])  # (B, L)
@@ -349,6 +349,16 @@ class MrpSpeculative(MrpAlgorithm):
         if finished:
             self.store_blocks(model_runner, forward_batch, finished, settled.block[finished],
                               own[finished])
+
+    def agreed_seconds(self, model_runner, seconds: float) -> float:
+        """This call's forward time, and the last draft's, the same on every TP rank (their
+        max), so that every rank learns the same costs and plans the same drafts."""
+        agree = getattr(served_model(model_runner), "agree", None)
+        if agree is None:
+            return seconds
+        seconds, drafted = agree([seconds, self.last_draft[1]])
+        self.last_draft = (self.last_draft[0], drafted)
+        return seconds
 
     def sample(self, bucket: int, rounds: list[Round], seconds: float) -> None:
         """A probe sample from this call's forward when every request held the same number

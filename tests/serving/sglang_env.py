@@ -42,8 +42,10 @@ def subprocess_hook_installed() -> bool:
     return any((Path(d) / HOOK_NAME).is_file() for d in site.getsitepackages())
 
 
-def start_engine(model_path, algorithm: str, config_path, max_running_requests: int = 8):
-    """SGLang's offline Engine on CPU (float32, torch_native attention, token ids only)."""
+def start_engine(model_path, algorithm: str, config_path, max_running_requests: int = 8,
+                 tp_size: int = 1):
+    """SGLang's offline Engine on CPU (float32, torch_native attention, token ids only);
+    with tp_size > 1, that many rank processes (their cores as `mrp serve` binds them)."""
     from importlib.metadata import entry_points
 
     import sglang
@@ -54,12 +56,19 @@ def start_engine(model_path, algorithm: str, config_path, max_running_requests: 
     if NEEDS_STANDINS and not subprocess_hook_installed():
         pytest.fail("SGLang's subprocesses need the CPU stand-ins: run .ci/install_sglang.sh")
 
+    sizes = {}
+    if tp_size > 1:  # SGLang cannot size the KV pool of a rank bound to a share of the cores
+        from mrp_dlm.serving.launch import CPU_BIND_VAR, cpu_binding
+
+        os.environ.setdefault(CPU_BIND_VAR, cpu_binding(sorted(os.sched_getaffinity(0)),
+                                                        tp_size))
+        sizes = {"max_total_tokens": 16384}
     return sglang.Engine(model_path=str(model_path), device="cpu",
                          attention_backend="torch_native", disable_cuda_graph=True,
                          dtype="float32", skip_tokenizer_init=True, dllm_algorithm=algorithm,
                          dllm_algorithm_config=str(config_path),
                          max_running_requests=max_running_requests, mem_fraction_static=0.05,
-                         log_level="info")
+                         log_level="info", tp_size=tp_size, **sizes)
 
 
 def stop_engine(engine) -> None:

@@ -449,8 +449,7 @@ def test_launch_errors(algorithm):
                                   "dllm_algorithm_config": "mrp.yaml", **changes})
 
     algorithm.configure_server_args(args())
-    with pytest.raises(ServingConfigError, match="tensor parallelism 1"):
-        algorithm.configure_server_args(args(tp_size=2))
+    algorithm.configure_server_args(args(tp_size=2))  # the head runs on every TP rank
     with pytest.raises(ServingConfigError, match="no-dllm-fdfo"):
         algorithm.configure_server_args(args(dllm_fdfo=False))
     with pytest.raises(ServingConfigError, match="dllm-algorithm-config"):
@@ -478,3 +477,18 @@ def test_metric_sink_exports_what_changed():
                                      "mrp_dlm_forwards", "mrp_dlm_prefill_forwards",
                                      "mrp_dlm_draft_rounds", "mrp_dlm_drafts",
                                      "mrp_dlm_accepted_drafts")] == [1, 5, 1, 1, 1, 3, 2]
+
+
+def test_speculative_times_are_agreed_over_tp_ranks():
+    # Under TP every rank must learn the same costs (else ranks plan different drafts and
+    # their next all-reduce hangs): the model's `agree` (the max over ranks) rewrites this
+    # call's forward time and the last draft's before the planner sees them.
+    algorithm = MrpSpeculative(dllm_config("MrpSpeculative", 4, lookahead=3))
+    algorithm.last_draft = (("head", "head"), 0.25)
+    agreed = []
+    model = SimpleNamespace(agree=lambda values: agreed.append(values) or [3.0, 0.5])
+    assert algorithm.agreed_seconds(SimpleNamespace(model=model), 1.5) == 3.0
+    assert agreed == [[1.5, 0.25]] and algorithm.last_draft == (("head", "head"), 0.5)
+    alone = SimpleNamespace(model=SimpleNamespace())  # a model without `agree`: tp 1
+    assert algorithm.agreed_seconds(alone, 1.5) == 1.5
+    assert algorithm.last_draft == (("head", "head"), 0.5)

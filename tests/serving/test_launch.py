@@ -80,6 +80,21 @@ def test_threads_set_by_the_user_are_kept(tmp_path, cpu_machine):
     assert plan.env == {"SGLANG_USE_CPU_ENGINE": "1"}
 
 
+def test_tensor_parallel_plan(tmp_path, cpu_machine, monkeypatch):
+    """--tp 2: SGLang's --tp-size; on a CPU each rank gets its share of the threads and a
+    run of the cores (SGLang otherwise wants one NUMA node per rank)."""
+    assert "--tp-size" not in plan_launch(ServeConfig(), tmp_path / "a.yaml", [], {}).argv
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 6, 7})
+    monkeypatch.setattr(launch, "usable_cpus", lambda: 6)
+    plan = plan_launch(ServeConfig(tp=2), tmp_path / "a.yaml", [], {})
+    assert flag(plan.argv, "--tp-size") == "2"
+    assert plan.env["SGLANG_CPU_OMP_THREADS_BIND"] == "0-2|3,6-7"
+    assert launch.cpu_binding([0], 2) == "0|0"  # fewer cores than ranks: they share
+    kept = plan_launch(ServeConfig(tp=2), tmp_path / "a.yaml", [],
+                       {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    assert "SGLANG_CPU_OMP_THREADS_BIND" not in kept.env
+
+
 def test_cuda_plan_keeps_sglang_defaults(tmp_path, cpu_machine):
     plan = plan_launch(ServeConfig(device="cuda", port=8001), tmp_path / "a.yaml", [], {})
     for cpu_only in ("--device", "--attention-backend", "--max-total-tokens",
@@ -136,6 +151,7 @@ def test_kv_pool_is_bounded_by_contexts_and_by_memory():
     (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),
     (dict(lookahead=0), "lookahead must be >= 1"),
     (dict(port=0), "port must be"),
+    (dict(tp=0), "tp must be >= 1"),
     (dict(device="tpu"), "device must be auto, cpu or cuda"),
 ])
 def test_bad_serve_configs(changes, message):
