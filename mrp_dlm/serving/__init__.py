@@ -1,5 +1,4 @@
-"""Serving in SGLang 0.5.23: a plugin (`plugin.load`, entry point `sglang.srt.plugins`) with
-MRP speculative, direct and remask decoding, and `mrp serve`. Module map:
+"""Serving in SGLang 0.5.23 (plugin `plugin.load` and `mrp serve`). Module map:
   plugin.py          entry point: what is registered (algorithms, architectures, hooks)
   sglang_process.py  door: version, registries, hooks, runtime context, TP group, MoE blocks
   sglang_forward.py  door: algorithm contract, ForwardBatch, runner, pools, verify rows
@@ -22,6 +21,5 @@ MRP speculative, direct and remask decoding, and `mrp serve`. Module map:
   process.py         check its port, start it, wait until it answers, stop its whole tree
   server.py          SGLang's main process (`python -m mrp_dlm.serving.server`)
   cpu_standins.py    import stand-ins that let SGLang start on a CPU-only machine
-Imports flow one way: model <- decoding <- serving. Only the doors touch SGLang's internals
-(docs/serving.md lists each touch); importing this package imports no SGLang code.
+Only the doors touch SGLang (docs/serving.md lists each touch); importing this imports none.
 """

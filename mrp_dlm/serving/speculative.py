@@ -5,10 +5,11 @@ with drafts pending verifies its candidates S_1 .. S_M (M = K + 1) as extra rows
 own row carrying S_M (`sglang_forward.build_rows_batch`); any other request forwards its
 accepted state alone. The round then runs batched over all requests, on the device, in the
 library's phases (`decoding/speculative.py`): accept and seed (request b accepts n_b >= 1
-candidates; the forward's row of S_n seeds it), then plan and draft one chain (S_1, the rule's own step, is accepted at
-once: a request that drafts nothing still advances one exact step per forward). Only as
-many drafts as the request table's free rows can verify next call are drafted (`drafters`):
-at the running-request cap no row is free, and a call is LowConfidence's forward and step.
+candidates; the forward's row of S_n seeds it), then plan and draft one chain (S_1, the
+rule's own step, is accepted at once: a request that drafts nothing still advances one
+exact step per forward). Only as many drafts as the request table's free rows can verify
+next call are drafted (`drafters`): at the running-request cap no row is free, and a call
+is LowConfidence's forward and step.
 A block is done when its accepted state has no masks and its own row forwarded exactly that
 state; the head's keys of done blocks are written then (`head_pool.py`). The host reads the
 round once: SGLang's answer, the pending drafts, and the verdicts for the planner and the
@@ -16,8 +17,7 @@ stats. Every committed state is the backbone's own step on the state before it, 
 output equals `LowConfidence` at the YAML's `threshold`, token for token; with `adaptive`
 the planner drafts only what the acceptance and costs it measures say pay.
 
-Deliberately not here: the pure draft/accept phases (`decoding/`); SGLang's names
-(`sglang_forward.py`).
+Not here: the pure draft/accept phases (`decoding/`); SGLang's names (`sglang_forward.py`).
 
 Shapes: B requests, N rows, L block size, H hidden, V vocab, M = K + 1 candidates.
 """

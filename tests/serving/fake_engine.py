@@ -107,7 +107,8 @@ GREEDY_PARAMS = SimpleNamespace(temperature=1.0, top_k=1, top_p=1.0, sampling_se
 class FakeRequest:
     prompt: list[int]
     max_new: int
-    sampling_params: Any = field(default_factory=lambda: GREEDY_PARAMS)  # SGLang's form (greedy: top_k 1)
+    # SGLang's form (greedy: top_k 1)
+    sampling_params: Any = field(default_factory=lambda: GREEDY_PARAMS)
     row: int = -1  # request-table row
     offset: int = 0  # first position of the current block
     block: list[int] | None = None  # the carried block (FDFO), None at a block start
@@ -170,8 +171,8 @@ def serve(runner: FakeRunner, algorithm, prompts: list[list[int]], max_new: int,
                 start_block(runner, request, mask_token_id)
         if admit is not None:
             admit(round_)
-        _, next_ids, accepted, states, _ = algorithm.run(runner, batch_of(runner, active, type(algorithm).__name__),
-                                                          [r.state for r in active])
+        batch = batch_of(runner, active, type(algorithm).__name__)
+        _, next_ids, accepted, states, _ = algorithm.run(runner, batch, [r.state for r in active])
         generating = [r.offset + L > len(r.prompt) for r in active]  # else prompt-only
         for request, ids, length, state in zip(active, next_ids, accepted, states):
             ids = list(ids)

@@ -27,8 +27,8 @@ from mrp_dlm.serving.sampling import rows_sampling  # noqa: E402
 from mrp_dlm.serving.sglang_process import request_seed  # noqa: E402
 from mrp_dlm.serving.remask import MrpRemask  # noqa: E402
 from mrp_dlm.serving.speculative import MrpSpeculative  # noqa: E402
-from test_algorithms import (LENGTHS, MASK, MAX_NEW, backbone, dllm_config, robust_prompts,  # noqa: E402
-                             runner_with_head, saved_head)
+from test_algorithms import (LENGTHS, MASK, MAX_NEW, backbone, dllm_config,  # noqa: E402
+                             robust_prompts, runner_with_head, saved_head)
 
 pytestmark = pytest.mark.sglang
 
@@ -67,8 +67,9 @@ def test_sampled_requests_equal_the_library_per_request(tmp_path, block_size, th
     prompts = [robust_prompts(model, config)[i % len(LENGTHS)] for i, config in
                enumerate(configs)]
     runner = runner_with_head(model, block_size, saved_head(tmp_path, model, head))
-    algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size, head=str(tmp_path / "head"),
-                                           lookahead=3, threshold=threshold, adaptive=False))
+    algorithm = MrpSpeculative(dllm_config("MrpSpeculative", block_size,
+                                           head=str(tmp_path / "head"), lookahead=3,
+                                           threshold=threshold, adaptive=False))
     params = [sglang_params(*r) for r in REQUESTS]
     params[2].sampling_seed = None  # greedy: no seed needed
     got = serve(runner, algorithm, prompts, MAX_NEW[block_size], MASK, params=params)
