@@ -1,31 +1,16 @@
 """Command-line flags derived from the config dataclasses, so each default exists once.
 
-Every field becomes `--field-name`; its help text is the field's `metadata["help"]`, else
-the one-line comment beside it, and its default is the dataclass default. Flags the user
-leaves out are absent from the parsed namespace, so the dataclass fills them in.
+Every field becomes `--field-name`; its help text is the field's `metadata["help"]`
+(`field(default=..., metadata={"help": ...})`) and its default is the dataclass default.
+Flags the user leaves out are absent from the parsed namespace, so the dataclass fills them in.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
-import re
 
 SCALARS = {"int": int, "float": float, "str": str}
-FIELD_COMMENT = re.compile(r"^\s+(\w+):[^#]*#\s*(.+)$")
-
-
-def field_comments(cls: type) -> dict[str, str]:
-    """The trailing comment of each field in the class source and its dataclass bases (a
-    field a subclass declares again takes the subclass's comment)."""
-    comments = {}
-    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
-        for line in inspect.getsource(klass).splitlines():
-            match = FIELD_COMMENT.match(line)
-            if match:
-                comments[match.group(1)] = match.group(2)
-    return comments
 
 
 def scalar_type(annotation: str) -> type | None:
@@ -41,7 +26,6 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
     """Add a flag per supported field of cls; return the field names added. `base`, an
     instance of cls, supplies the defaults shown (a command whose defaults differ, built
     with `build_dataclass(..., base=base)`)."""
-    comments = field_comments(cls)
     added = []
     for spec in dataclasses.fields(cls):
         kind = scalar_type(str(spec.type))
@@ -50,7 +34,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type,
         default = spec.default if spec.default is not dataclasses.MISSING else None
         if base is not None:
             default = getattr(base, spec.name)
-        text = spec.metadata.get("help") or comments.get(spec.name, "")
+        text = spec.metadata.get("help", "")
         help_text = f"{text} (default: {default})"
         flag = "--" + spec.name.replace("_", "-")
         if kind is bool:

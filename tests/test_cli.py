@@ -480,3 +480,18 @@ def test_help_and_argument_errors_do_not_import_torch():
               "for argv in (['--help'], ['serve', '--help'], ['bench', '--task', 'nope']):\n"
               "    try:\n        cli.main(argv)\n    except SystemExit:\n        pass\n")
     assert {"torch", "tqdm", "sglang"} & modules_after(script) == set()
+
+
+def test_every_flag_field_has_its_help_in_metadata():
+    """CLI help comes from `field(metadata={"help": ...})`: a field that becomes a flag
+    without it would show an empty help line."""
+    import dataclasses
+
+    from mrp_dlm.config import DecodeConfig, DistillConfig, HeadTrainConfig, TrainConfig
+    from mrp_dlm.flags import scalar_type
+    from mrp_dlm.serving.serve_config import ServeConfig
+
+    for cls in (DecodeConfig, DistillConfig, HeadTrainConfig, TrainConfig, ServeConfig):
+        bare = [spec.name for spec in dataclasses.fields(cls)
+                if spec.init and scalar_type(str(spec.type)) and not spec.metadata.get("help")]
+        assert not bare, f"{cls.__name__}: no metadata help for {bare}"
