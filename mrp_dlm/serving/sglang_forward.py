@@ -338,6 +338,9 @@ class MrpModel:
                                           gather_vocab if world > 1 else None)
         if head is not None:  # this rank's share of it, a submodule (the model's device)
             self.mrp_head = shard_head(head, rank, world, all_reduce)
+            if world > 1:
+                log.info("MRP head on TP rank %d of %d: its share of the attention heads "
+                         "and the MLP width", rank, world)
 
     def agree(self, values: list[float]) -> list[float]:
         """Each of this rank's measurements (times) as their max over the TP ranks, so that
