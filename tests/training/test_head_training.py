@@ -513,7 +513,7 @@ def test_bad_inputs_give_clear_errors(model_dir, tmp_path):
         run_config(model_dir, tmp_path, reveal_rule="oracle")
     with pytest.raises(ValueError, match="threshold must be in"):
         run_config(model_dir, tmp_path, threshold=0.0)
-    with pytest.raises(CheckpointError, match="model directory not found"):
+    with pytest.raises(ValueError, match="model directory not found"):
         head_loop.train_head(run_config(tmp_path / "nowhere", tmp_path / "a"))
     with pytest.raises(ValueError, match="multiple of the block size"):
         head_loop.train_head(run_config(model_dir, tmp_path / "b", seq_len=126))
