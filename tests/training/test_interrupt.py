@@ -44,8 +44,15 @@ def fake_loop(tmp_path: Path, interrupt_at: int, where: str, steps: int = 10):
         return {}
 
     hooks = RunHooks(step, lambda progress: saves.append(progress.step), after)
-    with pytest.raises(TrainingInterrupted) as caught:
-        run_steps(config, Progress(), hooks, RunLog(tmp_path / LOG_FILE, [], False), "test")
+    # Python's own Ctrl-C handler, whatever this process inherited: a shell that starts a
+    # job in the background without job control starts it with SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(TrainingInterrupted) as caught:
+            run_steps(config, Progress(), hooks, RunLog(tmp_path / LOG_FILE, [], False),
+                      "test")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return saves, str(caught.value)
 
 
@@ -68,11 +75,18 @@ def train_argv(model: Path, out: Path, steps: int) -> list[str]:
             "--head-layers", "1", "--log-every", "1", "--eval-every", "1000"]
 
 
+def default_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal delivers it (this test may run in a
+    background job, which starts with SIGINT ignored, and a child inherits that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_when_logged(argv: list[str], log: Path, lines: int) -> subprocess.CompletedProcess:
     """`mrp ARGV` in a subprocess, sent SIGINT once its log has `lines` lines."""
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=path)
     proc = subprocess.Popen([sys.executable, "-m", "mrp_dlm.cli", *argv], env=env, cwd=REPO,
+                            preexec_fn=default_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
