@@ -88,11 +88,12 @@ def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from mrp_dlm.model.release import check_export_dir, export_release
+    from mrp_dlm.files import check_fresh_out
+    from mrp_dlm.model.release import export_release
     from mrp_dlm.pipeline import Pipeline
 
     out = Path(args.out)
-    check_export_dir(out, args.force)
+    check_fresh_out(out, args.force)
     pipe = Pipeline.load(args.model, args.dtype, head=args.head, revision=args.revision,
                          head_revision=args.head_revision)
     if pipe.head is None:

@@ -30,7 +30,7 @@ import torch
 from safetensors import safe_open
 
 from mrp_dlm.config import HeadConfig
-from mrp_dlm.files import check_fresh_out, write_atomic
+from mrp_dlm.files import write_atomic
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.files import (CheckpointError, copy_tensors, read_header, read_json,
                                  save_tensors, weight_files)
@@ -186,11 +186,6 @@ def release_config(backbone: Backbone, head: MRPHead) -> dict:
     dtype = backbone.lm_head.weight.dtype
     return {**config_to_hf(backbone.config, dtype), "architectures": [RELEASE_ARCHITECTURE],
             "num_nextn_predict_layers": head.config.num_layers, "num_mrp_heads": 1}
-
-
-def check_export_dir(directory: Path, force: bool) -> None:
-    """Refuse an export target that is a file, or a non-empty directory unless forced."""
-    check_fresh_out(directory, force)
 
 
 def export_release(backbone: Backbone, head: MRPHead, directory: Path,
