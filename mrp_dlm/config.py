@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["BACKBONE_PRESETS", "DEFAULT_DEVICE", "DEFAULT_DTYPE", "DISTILL_DECODE",
+__all__ = ["BACKBONE_PRESETS", "CUDA_DTYPE", "DEFAULT_DEVICE", "DEFAULT_DTYPE", "DISTILL_DECODE",
            "DISTILL_FORMATS", "DRAFTERS", "DTYPE_NAMES", "MODES", "MRP_MODES", "REMASK_RULES",
            "REVEAL_RULES", "SDAR_BLOCK_SIZE", "SDAR_MASK_TOKEN_ID", "SDAR_STOP_TOKEN_IDS",
            "STRATEGIES", "BackboneConfig", "BlockSchedule", "DecodeConfig", "DistillConfig",
-           "HeadConfig", "HeadTrainConfig", "RunConfig", "TrainConfig"]
+           "HeadConfig", "HeadTrainConfig", "RunConfig", "TrainConfig", "dtype_for"]
 
 # SDAR family defaults: the published config.json files lack these keys and every engine
 # hard-codes them.
@@ -34,8 +34,17 @@ DRAFTERS = ("head", "self")  # what speculative decoding drafts with, see `decod
 # What a model loads in unless told (Pipeline, `mrp`). Plain names, so that the CLI builds its
 # help without importing torch (`model/loading.py` maps them to torch dtypes).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model loads in
-DEFAULT_DTYPE = "float32"  # a DTYPE_NAMES entry
+DEFAULT_DTYPE = "float32"  # a DTYPE_NAMES entry: what a model loads in on a CPU (or MPS)
+CUDA_DTYPE = "bfloat16"  # ... and on a CUDA device, unless a dtype is given
 DEFAULT_DEVICE = "cpu"  # the device a model loads onto
+
+
+def dtype_for(device: str, dtype: str | None = None) -> str:
+    """The dtype name a model loads in on `device` ("cuda", "cuda:1", "cpu"...): `dtype` when
+    given, else bfloat16 on CUDA and float32 elsewhere."""
+    if dtype is not None:
+        return dtype
+    return CUDA_DTYPE if str(device).startswith("cuda") else DEFAULT_DTYPE
 
 
 @dataclass(frozen=True)
