@@ -200,14 +200,14 @@ def environment(args: argparse.Namespace) -> Callable:
                     cuda_available=torch.cuda.is_available(), threads=torch.get_num_threads())
         if not args.device.startswith("cuda"):
             return info | dict(gpu=SKIP_NO_CUDA)
-        props = torch.cuda.get_device_properties(args.device)
+        props, sdp = torch.cuda.get_device_properties(args.device), torch.backends.cuda
         return info | dict(gpu=props.name, capability=f"{props.major}.{props.minor}",
                            memory_gib=round(props.total_memory / 2**30, 1),
                            multiprocessors=props.multi_processor_count,
-                           sdp_enabled=dict(flash=torch.backends.cuda.flash_sdp_enabled(),
-                                            efficient=torch.backends.cuda.mem_efficient_sdp_enabled(),
-                                            cudnn=torch.backends.cuda.cudnn_sdp_enabled(),
-                                            math=torch.backends.cuda.math_sdp_enabled()))
+                           sdp_enabled=dict(flash=sdp.flash_sdp_enabled(),
+                                            efficient=sdp.mem_efficient_sdp_enabled(),
+                                            cudnn=sdp.cudnn_sdp_enabled(),
+                                            math=sdp.math_sdp_enabled()))
     return section
 
 
@@ -223,8 +223,9 @@ def sdpa(args: argparse.Namespace, setting: Setting) -> Callable:
                     return dict(rows=rows, out_of_time=f"stopped before B={batch} M={copies}")
                 case = make_case(heads, batch, config.block_size, copies, setting.prefix,
                                  torch.bfloat16, args.device)
+                flex = batch == setting.attention_batches[0]
                 rows += [dict(batch=batch, copies=copies) | row
-                         for row in case_rows(case, args.device, setting.repeats, fused)]
+                         for row in case_rows(case, args.device, setting.repeats, fused, flex)]
         return dict(config_source=source, heads=dict(nh=heads[0], nkv=heads[1], hd=heads[2]),
                     block_size=config.block_size, prefix=setting.prefix,
                     note=note_for(args.device), rows=rows)
@@ -289,8 +290,10 @@ def forwards(args: argparse.Namespace, setting: Setting) -> Callable:
 def modes(args: argparse.Namespace, setting: Setting) -> Callable:
     def section(deadline: Deadline) -> dict:
         from probe_modes import mode_rows
-        options = {name: True for name in (GRAPHS_FIELD,) if name in decode_fields()}
-        return mode_rows(MODE_GRID, setting, args.device, deadline, options)
+        present = tuple(name for name in (GRAPHS_FIELD, INVARIANT_FIELD)
+                        if name in decode_fields())
+        toggles = {name: True for name in (GRAPHS_FIELD,) if name in present}
+        return mode_rows(MODE_GRID, setting, args.device, deadline, toggles, present)
     return section
 
 

@@ -9,7 +9,8 @@ them out). Every arrangement computes the same attention:
 - bool_expanded / float_expanded: K/V repeated to nh heads, a boolean / additive float mask;
 - bool_folded / float_folded: the query-head groups folded into the query length (queries
   (B, nkv, G*M*L, hd), the mask repeated G times), K/V left at nkv heads;
-- flex: `flex_attention` with a block mask from the same boolean mask (compiled on CUDA);
+- flex: `flex_attention` with a block mask from the same boolean mask (compiled on CUDA,
+  the first batch only: each case compiles anew);
 - fused: the library's fused path (`ATTENTION_MODULE` in gpu_probe.py), when present.
 Each SDPA arrangement runs under every backend forced with `sdpa_kernel` (and unforced);
 a row says whether it ran, its time and its largest difference from float32 math.
@@ -19,6 +20,7 @@ Shapes: B batch, nh/nkv heads, G = nh / nkv, L block, M copies, T = M*L queries,
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -125,34 +127,34 @@ def reference(case: Case) -> torch.Tensor:
 
 def measure(call: Callable, backend: SDPBackend | None, truth: torch.Tensor, device: str,
             repeats: int) -> dict:
-    """{"works", "ms", "max_abs_err"} of one call under one forced backend (None: unforced)."""
+    """{"works", "ms", "max_abs_err", "first_call_s"} of one call under one forced backend
+    (None: unforced); max_abs_err against float32 math."""
     def forced() -> torch.Tensor:
         if backend is None:
             return call()
         with sdpa_kernel(backend):
             return call()
+    began = time.perf_counter()
     try:
-        error = (forced().float() - truth).abs().max().item()
+        error = (forced().float() - truth).abs().max().item()  # the first call: plans, compiles
+        first = round(time.perf_counter() - began, 3)
         return dict(works=True, ms=round(device_ms(forced, device, repeats), 4),
-                    max_abs_err=round(error, 6))
+                    max_abs_err=round(error, 6), first_call_s=first)
     except Exception as failure:  # noqa: BLE001 (a kernel that refuses is a result)
-        return dict(works=False, ms=why(failure), max_abs_err=None)
+        return dict(works=False, ms=why(failure), max_abs_err=None, first_call_s=None)
 
 
-def case_rows(case: Case, device: str, repeats: int, fused: Callable | None) -> list[dict]:
-    """Every arrangement under every backend, then flex and the fused path, on one case."""
+def case_rows(case: Case, device: str, repeats: int, fused: Callable | None,
+              with_flex: bool) -> list[dict]:
+    """Every arrangement under every backend, then flex (`with_flex`: on CUDA each case
+    compiles anew) and the fused path, on one case."""
     truth = reference(case)
     rows = [dict(arrangement=name, backend=backend_name)
             | measure(call, backend, truth, device, repeats)
             for name, call in arrangements(case).items()
             for backend_name, backend in BACKENDS.items()]
-    try:
-        flex_call = flex(case, compiled=device.startswith("cuda"))
-        rows.append(dict(arrangement="flex", backend="compiled" if device.startswith("cuda")
-                         else "eager") | measure(flex_call, None, truth, device, repeats))
-    except Exception as failure:  # noqa: BLE001
-        rows.append(dict(arrangement="flex", backend="-", works=False, ms=why(failure),
-                         max_abs_err=None))
+    if with_flex:
+        rows.append(flex_row(case, truth, device, repeats))
     if fused is None:
         rows.append(dict(arrangement="fused", backend="-", works=False, ms="absent",
                          max_abs_err=None))
@@ -161,6 +163,16 @@ def case_rows(case: Case, device: str, repeats: int, fused: Callable | None) -> 
         rows.append(dict(arrangement="fused", backend="default")
                     | measure(call, None, truth, device, repeats))
     return rows
+
+
+def flex_row(case: Case, truth: torch.Tensor, device: str, repeats: int) -> dict:
+    try:
+        flex_call = flex(case, compiled=device.startswith("cuda"))
+        return dict(arrangement="flex", backend="compiled" if device.startswith("cuda")
+                    else "eager") | measure(flex_call, None, truth, device, repeats)
+    except Exception as failure:  # noqa: BLE001 (building the block mask failed)
+        return dict(arrangement="flex", backend="-", works=False, ms=why(failure),
+                    max_abs_err=None, first_call_s=None)
 
 
 def note_for(device: str) -> str:

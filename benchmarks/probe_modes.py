@@ -48,12 +48,14 @@ def counting_syncs(device: str) -> Iterator[list]:
 
 
 def decode_row(pipe: Pipeline, prompts: list[str], config: DecodeConfig, device: str,
-               options: dict) -> tuple[dict, list[list[int]]]:
-    """One decode of every prompt together: its row and its token ids."""
+               recorded: tuple[str, ...]) -> tuple[dict, list[list[int]]]:
+    """One decode of every prompt together: its row (with the values of the `recorded`
+    options) and its token ids."""
     with counting_syncs(device) as syncs:
         out = pipe.generate(prompts, config, chat=True)
     forwards = out.stats.backbone_forwards
     counted = device.startswith("cuda")
+    options = {name: getattr(config, name) for name in recorded}
     row = dict(label=grid_label(config), options=options, prompts=len(prompts),
                tokens=out.stats.tokens, backbone_forwards=forwards,
                head_forwards=out.stats.head_forwards, seconds=round(out.stats.seconds, 4),
@@ -69,9 +71,10 @@ def equal_count(got: list[list[int]], want: list[list[int]] | None) -> str | Non
     return f"{sum(a == b for a, b in zip(got, want))}/{len(want)}"
 
 
-def dtype_rows(dtype: str, grid: str, setting, device: str, deadline,
-               options: dict) -> tuple[list[dict], str | None]:
-    """Rows of every config (and its options) in one dtype; why it stopped early, if so."""
+def dtype_rows(dtype: str, grid: str, setting, device: str, deadline, toggles: dict,
+               recorded: tuple[str, ...]) -> tuple[list[dict], str | None]:
+    """Rows of every config (and again with the `toggles` set) in one dtype; why it stopped
+    early, if so."""
     pipe = Pipeline.load(None, dtype, device)
     examples = get_task("arith").examples("test", setting.prompts)
     prompts = [get_task("arith").prompt(example) for example in examples]
@@ -79,25 +82,26 @@ def dtype_rows(dtype: str, grid: str, setting, device: str, deadline,
     pipe.generate(prompts[:1], base, chat=True)  # warm-up: CUDA context, kernels, caches
     configs = parse_grid(grid, base)
     variants = [(c, {}) for c in configs] + [
-        (dataclasses.replace(c, **options), options) for c in configs if options]
+        (dataclasses.replace(c, **toggles), toggles) for c in configs if toggles]
     outputs, rows = {}, []  # ids by (label, options)
     for config, opts in variants:
         label = grid_label(config)
         if deadline.passed():
             return rows, f"stopped before {dtype} {label} {opts or ''}"
-        row, outputs[label, bool(opts)] = decode_row(pipe, prompts, config, device, opts)
+        row, outputs[label, bool(opts)] = decode_row(pipe, prompts, config, device, recorded)
         rule = label if opts else grid_label(rule_of(config)) if rule_of(config) else None
         rule = None if (rule, False) == (label, bool(opts)) else rule
-        rows.append(row | dict(dtype=dtype, rule=rule, equal_to_rule=equal_count(
+        rows.append(row | dict(dtype=dtype, toggled=opts, rule=rule, equal_to_rule=equal_count(
             outputs[label, bool(opts)], outputs.get((rule, False)))))
     return rows, None
 
 
-def mode_rows(grid: str, setting, device: str, deadline, options: dict) -> dict:
+def mode_rows(grid: str, setting, device: str, deadline, toggles: dict,
+              recorded: tuple[str, ...]) -> dict:
     """The section's results: rows for every dtype of `setting`."""
     began, rows = time.monotonic(), []
     for dtype in setting.dtypes:
-        found, stopped = dtype_rows(dtype, grid, setting, device, deadline, options)
+        found, stopped = dtype_rows(dtype, grid, setting, device, deadline, toggles, recorded)
         rows += found
         if stopped:
             return dict(rows=rows, out_of_time=stopped)
