@@ -87,18 +87,22 @@ def gone(pid: int) -> bool:
 def test_a_part_that_overruns_is_stopped_and_the_summary_keeps_the_rest(tmp_path, monkeypatch):
     quick = device_check.Step("quick", [sys.executable, "-c",
                                         "print('hi'); print('{\"answer\": 42}')"])
+    fails = device_check.Step("fails", [sys.executable, "-c", "raise SystemExit(3)"])
     parts = [(device_check.Part("probe", [sleeper(tmp_path / "pid"), quick]), 3.0),
              (device_check.Part("costs", [quick]), 30.0),
-             (device_check.Part("serve", skip="SGLang is not installed"), 30.0)]
+             (device_check.Part("serve", skip="SGLang is not installed"), 30.0),
+             (device_check.Part("train", [quick, fails]), 30.0)]
     monkeypatch.setattr(device_check, "plan", lambda args: parts)
     began = time.monotonic()
-    rc = device_check.main(["probe", "costs", "serve", "--out", str(tmp_path)])
+    rc = device_check.main(["probe", "costs", "serve", "train", "--out", str(tmp_path)])
     assert time.monotonic() - began < 40
-    assert rc == 1  # a part did not finish
+    assert rc == 1  # a step failed
     summary = json.loads((tmp_path / "device_check.json").read_text())
-    probe, costs, serve = (summary["parts"][name] for name in ("probe", "costs", "serve"))
+    probe, costs, serve, train = (summary["parts"][name]
+                                  for name in ("probe", "costs", "serve", "train"))
     assert [s["status"] for s in probe["steps"]] == ["timed out", "not run: out of time"]
-    assert probe["status"] == "failed" and "started" in probe["steps"][0]["tail"]
+    assert probe["status"] == "timed out" and "started" in probe["steps"][0]["tail"]
+    assert train["status"] == "failed" and train["steps"][1]["rc"] == 3
     assert gone(int((tmp_path / "pid").read_text()))  # the grandchild was stopped too
     assert costs["status"] == "ok" and costs["steps"][0]["result"] == {"answer": 42}
     assert serve == dict(status="skipped", note="SGLang is not installed", seconds=0.0,
@@ -107,11 +111,15 @@ def test_a_part_that_overruns_is_stopped_and_the_summary_keeps_the_rest(tmp_path
 
 
 def test_parts_and_their_seconds():
-    assert device_check.parse_parts([]) == device_check.BUDGETS
-    assert device_check.parse_parts(["train=300", "costs"]) == {"train": 300.0, "costs": 100}
+    budgets = device_check.BUDGETS
+    assert device_check.parse_parts([], dry_run=True) == budgets
+    default = device_check.parse_parts([])
+    assert list(default) == list(device_check.DEFAULT_PARTS) and "sets" not in default
+    assert sum(default.values()) <= device_check.TOTAL < 8 * 60  # the check fits 8 minutes
+    assert device_check.parse_parts(["train=300", "costs"]) == {"train": 300.0,
+                                                               "costs": budgets["costs"]}
     with pytest.raises(SystemExit, match="unknown part 'gpu'"):
         device_check.parse_parts(["gpu"])
-    assert sum(device_check.BUDGETS.values()) <= device_check.TOTAL < 8 * 60
 
 
 def test_ci_runs_the_dry_run():
