@@ -117,8 +117,10 @@ TOY = dict(vocab_size=99, mask_token_id=98, block_size=4, stop_token_ids=(97,),
 
 
 class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.end = seconds, time.monotonic() + seconds
+    def __init__(self, seconds: float, end: float | None = None) -> None:
+        """`seconds` from now, and never past `end` (time.monotonic())."""
+        self.seconds = seconds
+        self.end = min(time.monotonic() + seconds, end if end is not None else float("inf"))
 
     def passed(self) -> bool:
         return time.monotonic() >= self.end
@@ -166,10 +168,10 @@ class Report:
         self.write()
 
 
-def run_section(report: Report, name: str, fn: Callable, budget: float) -> None:
-    """fn(deadline) -> results (a dict with "rows" and whatever else); an exception is
-    recorded as the section's error, never raised."""
-    began, deadline = time.monotonic(), Deadline(budget)
+def run_section(report: Report, name: str, fn: Callable, budget: float, end: float) -> None:
+    """fn(deadline) -> results (a dict with "rows" and whatever else), stopped at `budget`
+    seconds or the probe's `end`; an exception is recorded as the section's error."""
+    began, deadline = time.monotonic(), Deadline(budget, end)
     entry: dict = dict(status="ok", budget_s=round(budget, 1))
     try:
         entry["results"] = fn(deadline)
@@ -223,7 +225,7 @@ def sdpa(args: argparse.Namespace, setting: Setting) -> Callable:
                     return dict(rows=rows, out_of_time=f"stopped before B={batch} M={copies}")
                 case = make_case(heads, batch, config.block_size, copies, setting.prefix,
                                  torch.bfloat16, args.device)
-                flex = batch == setting.attention_batches[0]
+                flex = (batch, copies) == (setting.attention_batches[0], max(setting.copies))
                 rows += [dict(batch=batch, copies=copies) | row
                          for row in case_rows(case, args.device, setting.repeats, fused, flex)]
         return dict(config_source=source, heads=dict(nh=heads[0], nkv=heads[1], hd=heads[2]),
@@ -307,8 +309,9 @@ def main() -> int:
     report.write()
     sections = dict(environment=environment(args), sdpa=sdpa(args, setting),
                     forwards=forwards(args, setting), modes=modes(args, setting))
+    end = time.monotonic() + args.budget  # a section that overran shortens the rest
     for name, section in sections.items():
-        run_section(report, name, section, SHARES[name] * args.budget)
+        run_section(report, name, section, SHARES[name] * args.budget, end)
     problems = validate(report.data, strict=args.dry_run)
     report.data["schema_problems"] = problems
     report.write()

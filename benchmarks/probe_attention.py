@@ -10,7 +10,7 @@ them out). Every arrangement computes the same attention:
 - bool_folded / float_folded: the query-head groups folded into the query length (queries
   (B, nkv, G*M*L, hd), the mask repeated G times), K/V left at nkv heads;
 - flex: `flex_attention` with a block mask from the same boolean mask (compiled on CUDA,
-  the first batch only: each case compiles anew);
+  one case only: each compiles anew);
 - fused: the library's fused path (`ATTENTION_MODULE` in gpu_probe.py), when present.
 Each SDPA arrangement runs under every backend forced with `sdpa_kernel` (and unforced);
 a row says whether it ran, its time and its largest difference from float32 math.
@@ -146,8 +146,8 @@ def measure(call: Callable, backend: SDPBackend | None, truth: torch.Tensor, dev
 
 def case_rows(case: Case, device: str, repeats: int, fused: Callable | None,
               with_flex: bool) -> list[dict]:
-    """Every arrangement under every backend, then flex (`with_flex`: on CUDA each case
-    compiles anew) and the fused path, on one case."""
+    """Every arrangement under every backend, then flex (`with_flex`) and the fused path,
+    on one case."""
     truth = reference(case)
     rows = [dict(arrangement=name, backend=backend_name)
             | measure(call, backend, truth, device, repeats)
