@@ -264,8 +264,9 @@ def forward_rows(model, name: str, layers: int, batch: int, setting: Setting,
         with torch.inference_mode():
             timed = time_three_ways(call, device, setting.repeats)
         rows.append(dict(size=name, layers_built=config.num_layers, layers_real=layers,
-                         batch=batch, kind="denoise" if copies == 1 else "verify",
-                         copies=copies, block_size=config.block_size) | timed)
+                         scale=round(layers / config.num_layers, 3), batch=batch,
+                         kind="denoise" if copies == 1 else "verify", copies=copies,
+                         block_size=config.block_size) | timed)
     return rows
 
 
@@ -285,7 +286,8 @@ def forwards(args: argparse.Namespace, setting: Setting) -> Callable:
             release()
         return dict(config_sources=sources, prefix=setting.prefix, dtype="bfloat16",
                     note="layers_built < layers_real: only that many layers fit; times are "
-                         "of the built model", rows=rows)
+                         "of the built model, x scale estimates the whole (embedding and "
+                         "lm_head counted scale times: an upper bound)", rows=rows)
     return section
 
 
