@@ -1,24 +1,22 @@
 """Attention over the block-causal layout: the reference SDPA call and a fused arrangement.
 
-Both paths take q (B, nh, T, hd), k and v (B, nkv, S, hd) and a boolean mask (B, T, S)
-(True: may attend; None: every key) and return (B, nh, T, hd) in q's dtype.
+Both take q (B, nh, T, hd), k and v (B, nkv, S, hd) and a boolean mask (B, T, S) (True:
+may attend; None: every key) and return (B, nh, T, hd) in q's dtype.
 
 - reference: `F.scaled_dot_product_attention` with the boolean mask and `enable_gqa`. On
-  CUDA a mask with GQA can rule out the fused kernels; then the math kernel repeats K and V
-  per query head and builds every score in separate kernels.
-- fused: the g = nh / nkv query heads that share a key head are folded into the query
-  length, (B, nkv, g*T, hd), so K and V are read once and never repeated, and q, k, v have
-  one head count; the mask becomes an additive one in q's dtype (0 or -inf, (B, 1, g*T, S),
-  broadcast over heads) whose rows start at multiples of ALIGN elements, so torch's
-  mem-efficient kernel takes it without a padded copy. On CUDA, SDPA then runs cuDNN
-  (preferred on Hopper/Blackwell with a recent cuDNN) or the mem-efficient kernel (float32
-  too); without a mask, flash. Same sums, other kernels: equal to the reference up to
-  float rounding.
+  CUDA a mask with GQA can leave only the math kernel, which repeats K and V per query head.
+- fused: the g = nh / nkv query heads of a key head are folded into the query length,
+  (B, nkv, g*T, hd), so K and V are read once, never repeated, and q, k, v have one head
+  count; the mask becomes additive in q's dtype (0 or -inf, (B, 1, g*T, S)) with rows at
+  multiples of ALIGN elements, so the mem-efficient kernel takes it without a padded copy.
+  On CUDA, SDPA then runs cuDNN (first on Hopper/Blackwell with a recent cuDNN) or
+  mem-efficient (float32 too); without a mask, flash. Equal to the reference up to float
+  rounding. A long query (prefill: g*T > 2*nkv*hd), where g copies of the mask would
+  outweigh K and V, repeats K and V per query head instead.
 
-Which path runs is `attention_path`'s rule: fused on CUDA while no gradient is recorded
-(training keeps the reference: the fused mask is g times larger, and a backward would keep
-it per layer). `forced_path` overrides the rule (tests, the GPU probe); `sdpa_kernel_name`
-names the SDPA kernel a path runs on given inputs (logs, the probe).
+`attention_path` is the rule: fused on CUDA while no gradient is recorded (training keeps
+the reference: a backward would keep the g-times larger mask per layer); `forced_path`
+overrides it (tests, the GPU probe); `sdpa_kernel_name` names the SDPA kernel a path runs.
 """
 
 from __future__ import annotations
@@ -66,10 +64,10 @@ def forced_path(name: str | None) -> Iterator[None]:
 class SdpaCall:
     """The arguments one path hands to `F.scaled_dot_product_attention`."""
 
-    query: torch.Tensor  # (B, n, T', hd): n = nh, T' = T (reference); n = nkv, T' = g*T (fused)
-    key: torch.Tensor  # (B, nkv, S, hd)
-    value: torch.Tensor  # (B, nkv, S, hd)
-    mask: torch.Tensor | None  # bool (B, 1, T, S) or additive (B, 1, g*T, S); None: all keys
+    query: torch.Tensor  # (B, n, T', hd): (nh, T) (reference, long fused); (nkv, g*T) (fused)
+    key: torch.Tensor  # (B, nkv, S, hd); (B, nh, S, hd) for a long fused query
+    value: torch.Tensor  # as key
+    mask: torch.Tensor | None  # bool (B, 1, T, S) or additive (B, 1, T', S); None: all keys
     enable_gqa: bool
 
 
@@ -84,6 +82,10 @@ def arrange(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         raise ValueError(f"unknown attention path {path!r}; choose one of {', '.join(PATHS)}")
     B, nh, T, hd = q.shape
     groups = nh // k.shape[1]
+    if mask is not None and groups * T > 2 * k.shape[1] * hd:  # a long query (prefill)
+        # g copies of the mask would outweigh K and V repeated per query head
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)  # (B, nh, S, hd)
+        return SdpaCall(q, k, v, additive_mask(mask, 1, q.dtype), enable_gqa=False)
     folded = q.reshape(B, k.shape[1], groups * T, hd)  # (B, nkv, g*T, hd): row j*T + t
     bias = None if mask is None else additive_mask(mask, groups, q.dtype)
     return SdpaCall(folded, k, v, bias, enable_gqa=False)

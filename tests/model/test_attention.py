@@ -86,6 +86,17 @@ def test_the_fused_arrangement_is_what_fused_kernels_take():
     assert reference.enable_gqa and reference.mask.dtype == torch.bool
 
 
+def test_a_long_query_repeats_k_and_v_instead_of_the_mask():
+    B, nh, nkv, T, S, hd = 1, 8, 2, 9, 9, 8  # g*T = 36 > 2*nkv*hd = 32
+    q, k, v = torch.randn(B, nh, T, hd), torch.randn(B, nkv, S, hd), torch.randn(B, nkv, S, hd)
+    mask = torch.rand(B, T, S) < 0.5
+    call = arrange(q, k, v, mask, "fused")
+    assert call.query is q and not call.enable_gqa and call.mask.shape == (B, 1, T, S)
+    assert torch.equal(call.key, k.repeat_interleave(4, 1))  # head h reads key head h // 4
+    assert call.mask.stride(-2) % ALIGN == 0
+    assert arrange(q[:, :, :8], k, v, mask[:, :8], "fused").query.shape == (B, nkv, 32, hd)
+
+
 def test_the_kernel_name_is_torchs_choice_on_this_machine():
     q, k = torch.randn(1, 4, 4, 8), torch.randn(1, 2, 9, 8)
     mask = torch.ones(1, 4, 9, dtype=torch.bool)
@@ -107,11 +118,13 @@ def both_paths(q, k, v, mask) -> None:
 
 def decode_masks(B: int = 3, L: int = 4, start: int = 8, width: int = 28):
     """The decode's masks over a left-padded batch (row 1 padded by one block, row 2 by two):
-    name -> (B, T, S) bool, with T query rows and S keys as the driver builds them."""
+    name -> (B, T, S) bool, with T query rows and S keys as the driver builds them. The long
+    prefill (T = 40) takes the fused path's other arrangement on the tiny shapes."""
     pads = torch.tensor([0, 4, 8])[:B, None]
-    key_valid = torch.arange(width)[None] >= pads  # (B, width)
+    key_valid = torch.arange(max(width, 40))[None] >= pads  # (B, width or 40)
     return {
         "prefill": block_causal_mask(torch.arange(start) // L, key_valid[:, :start]),
+        "long prefill": block_causal_mask(torch.arange(40) // L, key_valid[:, :40]),
         "denoise": copies_mask(key_valid, start, L, 1),
         "denoise, every slot": copies_mask(key_valid, start, L, 1, width),
         "verify M=3": copies_mask(key_valid, start, L, 3, width),
