@@ -116,7 +116,8 @@ def main() -> None:
                         help="held-out chat prompts in the --data syntax (docs/training.md), "
                              "the first --problems rows of each source, instead of --tasks")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--dtype", default="float32", help="model dtype (default: float32)")
+    parser.add_argument("--dtype", default=None,
+                        help="model dtype (default: bfloat16 on CUDA, float32 elsewhere)")
     args = parser.parse_args()
     pipe = Pipeline.load(args.model, args.dtype, args.device)
     if args.prompts:

@@ -144,7 +144,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1, help="rows decoded together")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved timed passes")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--dtype", default="float32", help="model dtype (default: float32)")
+    parser.add_argument("--dtype", default=None,
+                        help="model dtype (default: bfloat16 on CUDA, float32 elsewhere)")
     parser.add_argument("--out", type=Path, default=None, help="also write DIR/candidate_sets.json")
     args = parser.parse_args()
     args.thresholds = [float(value) for value in args.thresholds.split(",")]

@@ -31,7 +31,7 @@ from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.eval import bench  # noqa: E402
 from mrp_dlm.eval.grid import parse_grid  # noqa: E402
 from mrp_dlm.eval.provenance import head_dir  # noqa: E402
-from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE  # noqa: E402
+from mrp_dlm.model.loading import DEFAULT_DEVICE  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
 from mrp_dlm.tasks.registry import EMBEDDED_TASKS, get_task  # noqa: E402
 
@@ -49,7 +49,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=1, help="prompts per decode call")
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 0 keeps the default")
     parser.add_argument("--device", default=DEFAULT_DEVICE)
-    parser.add_argument("--dtype", default=DEFAULT_DTYPE)
+    parser.add_argument("--dtype", default=None,
+                        help="model dtype (default: bfloat16 on CUDA, float32 elsewhere)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--tasks", default=",".join(EMBEDDED_TASKS),
                         help="comma-separated task names")
@@ -77,10 +78,10 @@ def main() -> None:
     if len(grids) > 1:
         rows += bench.bench_rows("all", grids)
 
-    head = head_dir(pipe, args.head)
+    head = head_dir(pipe)
     print(f"model {pipe.directory}, head {head}, "
           f"{args.limit} problems per task, batch {args.batch_size}, {args.device} "
-          f"{args.dtype}, max_new_tokens {args.max_new_tokens}\n")
+          f"{pipe.dtype}, max_new_tokens {args.max_new_tokens}\n")
     print(bench.markdown(rows))
     lossy = bench.lossless_violations(rows)
     if lossy:
@@ -88,7 +89,7 @@ def main() -> None:
               f"{[(r['task'], r['label'], r['identical_to_static']) for r in lossy]}")
     setup = dict(model=str(pipe.directory), head=head, limit=args.limit,
                  batch_size=args.batch_size, tasks=[task.name for task in tasks],
-                 dtype=args.dtype, device=args.device)
+                 dtype=pipe.dtype, device=args.device)
     print(json.dumps(bench.bench_report(rows, setup, configs)))
 
 

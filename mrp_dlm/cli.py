@@ -13,8 +13,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from mrp_dlm.config import (DEFAULT_DEVICE, DEFAULT_DTYPE, DISTILL_DECODE, DTYPE_NAMES,
-                            DecodeConfig, DistillConfig, HeadTrainConfig, TrainConfig)
+from mrp_dlm.config import (CUDA_DTYPE, DEFAULT_DEVICE, DEFAULT_DTYPE, DISTILL_DECODE,
+                            DTYPE_NAMES, DecodeConfig, DistillConfig, HeadTrainConfig,
+                            TrainConfig)
 from mrp_dlm.eval.defaults import BENCH_BATCH_SIZE, DEMO_PROBLEMS, EVAL_BATCH_SIZE
 from mrp_dlm.eval.grid import BASELINE, DEFAULT_GRID, VALUE_FIELDS, grid_label, parse_grid
 from mrp_dlm.eval.pareto import PARETO_BATCH_SIZE
@@ -36,8 +37,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint directory (HF format) or hub id (org/name, fetched "
                              "into the HF_HOME cache); default: the embedded model")
     add_revision_flags(parser)
-    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=sorted(DTYPE_NAMES),
-                        help=f"weights and activations dtype (default: {DEFAULT_DTYPE})")
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPE_NAMES),
+                        help=f"weights and activations dtype (default: {CUDA_DTYPE} on a CUDA "
+                             f"device, {DEFAULT_DTYPE} elsewhere)")
     parser.add_argument("--device", default=DEFAULT_DEVICE,
                         help=f"torch device (default: {DEFAULT_DEVICE})")
     parser.add_argument("--mask-token-id", type=int, default=None,
@@ -233,7 +235,7 @@ def cmd_eval(args: argparse.Namespace, decode_fields: list[str]) -> int:
     check_covered(out, [example.uid for example in examples])  # before the model loads
     check_before_load(args, config)
     pipe = load_pipeline(args, config.block_size)
-    run = RunDir(out, RunIdentity(**source_of(task.name, args.data, pipe, args.dtype),
+    run = RunDir(out, RunIdentity(**source_of(task.name, args.data, pipe, pipe.dtype),
                                   config=config))
     summary = evaluate_to_dir(pipe, task, examples, run, args.batch_size, progress=True)
     stats = summary["stats"]
@@ -270,7 +272,7 @@ def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
     configs, dropped = bench.grid_for(pipe, base, configs)
     if dropped:
         print(f"note: no MRP head (give --head DIR), so {', '.join(dropped)} are left out")
-    setup = dict(source_of(task.name, args.data, pipe, args.dtype), device=args.device,
+    setup = dict(source_of(task.name, args.data, pipe, pipe.dtype), device=args.device,
                  n=len(examples), batch_size=args.batch_size)
     report, paths = bench.bench_to_dir(pipe, (task, examples), configs, args.batch_size, setup,
                                        Path(args.out))

@@ -358,9 +358,9 @@ class RunConfig:
     weight_decay: float = field(metadata={"help": "AdamW decay, applied to matrices only"})
     grad_clip: float = field(default=1.0, metadata={"help": (
         "max global gradient norm; 0 disables clipping")})
-    bf16: bool = field(default=False, metadata={"help": (
+    bf16: bool | None = field(default=None, metadata={"help": (
         "bfloat16 autocast where the device supports it, else float32 (head training: the frozen "
-        "backbone's weights too)")})
+        "backbone's weights too); unset: on with a CUDA device, off elsewhere")})
     seed: int = field(default=0, metadata={"help": (
         "seeds the init, the data order and every draw of a step (all pure functions of it)")})
     log_every: int = field(default=10, metadata={"help": "steps between JSONL log lines"})
@@ -391,6 +391,8 @@ class RunConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.device != "cpu" and not self.device.startswith("cuda"):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.bf16 is None:  # the dtype rule of inference: bfloat16 on CUDA
+            object.__setattr__(self, "bf16", dtype_for(self.device) == "bfloat16")
 
     @property
     def task_names(self) -> tuple[str, ...]:

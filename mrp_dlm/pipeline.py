@@ -13,15 +13,15 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mrp_dlm.config import DecodeConfig, check_block_divides
+from mrp_dlm.config import DecodeConfig, check_block_divides, dtype_for
 from mrp_dlm.decoding.driver import Decoder, generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.hub import resolve_checkpoint
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.head import MRPHead
-from mrp_dlm.model.loading import (DEFAULT_DEVICE, DEFAULT_DTYPE, DTYPES, embedded_head_dir,
-                                   embedded_model_dir, load_backbone, load_head)
+from mrp_dlm.model.loading import (DEFAULT_DEVICE, DTYPES, embedded_head_dir, embedded_model_dir,
+                                   load_backbone, load_head)
 from mrp_dlm.model.release import check_head_tensors, is_release_dir
 from mrp_dlm.model.tokenizer import TextTokenizer, check_utf8, load_tokenizer
 from mrp_dlm.threads import set_inference_threads
@@ -71,6 +71,11 @@ class Pipeline:
             self.decoders[config] = make_decoder(config, self.head_for(config))
         return self.decoders[config]
 
+    @property
+    def dtype(self) -> str:
+        """The dtype name the model runs in (a DTYPE_NAMES entry)."""
+        return str(self.model.lm_head.weight.dtype).removeprefix("torch.")
+
     @functools.cached_property
     def head(self) -> MRPHead | None:
         """The MRP head, read on first use: only the MRP modes load it, so a head that does
@@ -83,7 +88,7 @@ class Pipeline:
         return self.head if config.uses_head else None
 
     @classmethod
-    def load(cls, directory: str | Path | None = None, dtype: str = DEFAULT_DTYPE,
+    def load(cls, directory: str | Path | None = None, dtype: str | None = None,
              device: str = DEFAULT_DEVICE, mask_token_id: int | None = None,
              block_size: int | None = None, head: str | Path | None = None,
              threads: int | None = None, revision: str | None = None,
@@ -94,8 +99,11 @@ class Pipeline:
 
         The head (a directory or hub id, at `head_revision`) is only located here; it is
         read when an MRP mode first decodes.
+        dtype: a DTYPE_NAMES entry; None: bfloat16 on a CUDA device, float32 elsewhere
+        (`config.dtype_for`).
         threads: torch's CPU threads; None or 0 chooses by the model's size (`threads.py`).
         """
+        dtype = dtype_for(device, dtype)
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
         path, head = _locate(directory, revision, head, head_revision)

@@ -5,10 +5,11 @@
         --tasks gsm8k --apply_chat_template --batch_size 16 --device cuda
 
 Model args: `pretrained` (a checkpoint directory, hub id or `embedded`, the default),
-`head`, `revision`, `head_revision`, `dtype`, `mask_token_id`, `threads` and every scalar
-field of `DecodeConfig`. A request's own generation settings override `max_new_tokens`,
-`temperature`, `top_k` and `top_p` for that request; requests with equal settings are
-decoded `batch_size` at a time in request order, as `mrp eval` batches them.
+`head`, `revision`, `head_revision`, `dtype` (unset: bfloat16 on CUDA, float32 elsewhere),
+`mask_token_id`, `threads` and every scalar field of `DecodeConfig`. A request's own
+generation settings override `max_new_tokens`, `temperature`, `top_k` and `top_p` for that
+request; requests with equal settings are decoded `batch_size` at a time in request order,
+as `mrp eval` batches them.
 
 Why a module to run: lm-eval 0.4.x resolves `--model NAME` only in its registry, so
 importing this module registers `MrpLM` as "mrp" and `python -m` then runs lm-eval's own
@@ -35,7 +36,7 @@ from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval.runner import check_config
 from mrp_dlm.flags import scalar_type
 from mrp_dlm.model.device import unavailable_reason
-from mrp_dlm.model.loading import DEFAULT_DEVICE, DEFAULT_DTYPE
+from mrp_dlm.model.loading import DEFAULT_DEVICE
 from mrp_dlm.pipeline import Pipeline
 
 try:
@@ -163,7 +164,7 @@ class MrpLM(LM):
     """lm-eval's LM interface over a Pipeline: generate_until only."""
 
     def __init__(self, pretrained: str = EMBEDDED_NAME, head: str | None = None,
-                 dtype: str = DEFAULT_DTYPE, device: str | None = None,
+                 dtype: str | None = None, device: str | None = None,
                  mask_token_id: int | None = None, threads: int | None = None,
                  batch_size: int | str = 1, max_batch_size: int | None = None,
                  revision: str | None = None, head_revision: str | None = None,

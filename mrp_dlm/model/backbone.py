@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mrp_dlm.config import BackboneConfig
+from mrp_dlm.model.attention import attend
 from mrp_dlm.model.cache import KVCache, LayerCache
 from mrp_dlm.model.moe import SparseMLP
 
@@ -68,7 +69,7 @@ class _Attention(nn.Module):
         self.k_norm = RMSNorm(self.hd, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor, cache: LayerCache | None,
+                mask: torch.Tensor | None, cache: LayerCache | None,
                 start: int | torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.nh, self.hd))  # (B, T, nh, hd)
@@ -78,8 +79,7 @@ class _Attention(nn.Module):
         q, k = _apply_rotary(q, *rope), _apply_rotary(k, *rope)
         if cache is not None:
             k, v = cache.write_and_read(k, v, start, mask.shape[-1])  # (B, nkv, S, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None],
-                                           enable_gqa=self.nh != self.nkv)  # (B, nh, T, hd)
+        y = attend(q, k, v, mask)  # (B, nh, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
 
@@ -106,7 +106,7 @@ class DecoderLayer(nn.Module):
         self.mlp = SparseMLP(config) if sparse else _MLP(config)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor, cache: LayerCache | None = None,
+                mask: torch.Tensor | None, cache: LayerCache | None = None,
                 start: int | torch.Tensor = 0) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, mask, cache, start)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -164,10 +164,8 @@ class MRPHead(nn.Module):
         rope = rotary_tables(positions, self.backbone_config.head_dim,
                              self.backbone_config.rope_theta, x.dtype)
         if attention is None:
-            mask = torch.ones(x.shape[0], x.shape[1], x.shape[1], dtype=torch.bool,
-                              device=x.device)  # (B, T, T)
             for layer in self.layers:
-                x = layer(x, rope, mask)
+                x = layer(x, rope, None)  # no mask: every token sees every other
         else:
             for index, layer in enumerate(self.layers):
                 x = layer(x, rope, attention.mask, attention.keys.layer(index), attention.start)
