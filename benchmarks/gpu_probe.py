@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import importlib
 import importlib.util
@@ -52,7 +53,7 @@ from probe_timing import SKIP_NO_CUDA  # noqa: E402
 GRAPHS_FIELD = "cuda_graphs"  # DecodeConfig field: one captured CUDA graph per shape bucket
 INVARIANT_FIELD = "batch_invariant"  # DecodeConfig field: batch-invariant verify copies
 ATTENTION_MODULE = "mrp_dlm.model.attention"  # the fused attention path
-ATTENTION_ENTRY = "attention"  # its function, called as fused(q, k, v, mask):
+ATTENTION_ENTRY = "attend"  # its function, called as attend(q, k, v, mask, path="fused"):
 # q (B, nh, T, hd), k/v (B, nkv, S, hd), mask (B, T, S) bool -> (B, nh, T, hd)
 # ---------------------------------------------------------------------------------------
 
@@ -88,7 +89,8 @@ def fused_attention() -> Callable | None:
     """The fused path's function, or None when this checkout has none."""
     if importlib.util.find_spec(ATTENTION_MODULE) is None:
         return None
-    return getattr(importlib.import_module(ATTENTION_MODULE), ATTENTION_ENTRY, None)
+    attend = getattr(importlib.import_module(ATTENTION_MODULE), ATTENTION_ENTRY, None)
+    return None if attend is None else functools.partial(attend, path="fused")
 
 
 @dataclass(frozen=True)

@@ -160,9 +160,18 @@ def case_rows(case: Case, device: str, repeats: int, fused: Callable | None,
                          max_abs_err=None))
     else:
         call = lambda: fused(case.q, case.k, case.v, case.mask)  # noqa: E731
-        rows.append(dict(arrangement="fused", backend="default")
+        rows.append(dict(arrangement="fused", backend=fused_kernel(case))
                     | measure(call, None, truth, device, repeats))
     return rows
+
+
+def fused_kernel(case: Case) -> str:
+    """The SDPA kernel PyTorch picks for the fused path's call ("flash", "cudnn"...)."""
+    try:
+        from mrp_dlm.model.attention import sdpa_kernel_name
+        return sdpa_kernel_name(case.q, case.k, case.v, case.mask, path="fused")
+    except Exception as failure:  # noqa: BLE001 (a private chooser may be missing)
+        return f"unknown ({why(failure)})"
 
 
 def flex_row(case: Case, truth: torch.Tensor, device: str, repeats: int) -> dict:
