@@ -46,7 +46,8 @@ def _locate(directory: str | Path | None, revision: str | None, head: str | Path
 
 @dataclass
 class GenerateOutput:
-    texts: list[str]  # decoded generations, special tokens removed
+    texts: list[str] | None  # decoded generations, special tokens removed (None: the
+    # checkpoint has no tokenizer; `generate_ids` still returns the ids)
     token_ids: list[list[int]]  # generated ids, trimmed after the first stop id
     stats: DecodeStats  # cost of the whole batch
 
@@ -130,7 +131,9 @@ class Pipeline:
         return self.generate_ids([self.encode(prompt, chat) for prompt in prompts], config)
 
     def generate_ids(self, prompts: list[list[int]], config: DecodeConfig) -> GenerateOutput:
-        """Decode already tokenized prompts (a rendered conversation, say)."""
+        """Decode already tokenized prompts (a rendered conversation, say); `texts` is None
+        when the checkpoint has no tokenizer."""
         result = generate(self.model, prompts, config, self.decoder(config))
-        texts = [self.tokenizer.decode(row) for row in result.token_ids]
+        texts = (None if self.tokenizer is None
+                 else [self.tokenizer.decode(row) for row in result.token_ids])
         return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats)

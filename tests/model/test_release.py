@@ -143,6 +143,16 @@ def test_text_without_a_tokenizer_is_a_clear_error(pair, tmp_path):
         Pipeline.load(release).generate(["hi"], DecodeConfig())
 
 
+def test_token_ids_without_a_tokenizer_decode(pair, tmp_path):
+    """Ids in, ids out: `texts` is None (it raised AttributeError on None.decode)."""
+    model, head = pair
+    release = write_release(tmp_path / "r", official_tensors(model, head),
+                            official_config(model, head))
+    out = Pipeline.load(release).generate_ids([[5, 6, 7]], DecodeConfig(max_new_tokens=4,
+                                                                      stop_token_ids=()))
+    assert out.texts is None and len(out.token_ids[0]) == 4
+
+
 def test_block_size_missing_from_the_config_is_the_published_16(pair, tmp_path):
     model, head = pair
     release = write_release(tmp_path / "r", official_tensors(model, head),
