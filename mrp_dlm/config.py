@@ -172,6 +172,10 @@ class DecodeConfig:
         "seed logits: no head read or run)")})
     stop_token_ids: tuple[int, ...] | None = field(default=None, metadata={"help": (
         "None means the model's stop ids")})
+    cuda_graphs: bool = field(default=False, metadata={"help": (
+        "on CUDA: capture each backbone block step (denoise, verify of M copies, store + next) "
+        "as a CUDA graph per batch bucket and replay it; elsewhere, or for an MoE backbone, "
+        "the same steps run eager. Off by default until measured on a GPU")})
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

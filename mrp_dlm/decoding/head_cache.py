@@ -100,7 +100,7 @@ class HeadCache:
                              torch.cat((self.all_positions[:, first:self.start],
                                         self.positions.repeat(1, copies)), dim=1),
                              HeadAttention(self.cache, self.mask(first, copies),
-                                           first))  # (B, P + M*L, H)
+                                           self.cache.slot(first)))  # (B, P + M*L, H)
         return residual[:, stored.shape[1]:]
 
     def store_pending(self) -> None:
@@ -108,7 +108,7 @@ class HeadCache:
         first, held = self.written, self.flush()
         self.head(self.model, self.tokens[:, first:self.start], torch.cat(held, dim=1),
                   self.all_positions[:, first:self.start],
-                  HeadAttention(self.cache, self.mask(first, 0), first))
+                  HeadAttention(self.cache, self.mask(first, 0), self.cache.slot(first)))
         self.stores += 1
 
     def mask(self, first: int, copies: int) -> torch.Tensor:
@@ -138,4 +138,4 @@ class HeadCache:
         L = self.positions.shape[1]
         mask = copies_mask(self.key_valid[rows], self.start, L, 1, self.width)  # (N, L, S)
         return self.head(self.model, tokens, hidden_in, self.positions[rows],
-                         HeadAttention(self.cache.rows(rows), mask, self.start))
+                         HeadAttention(self.cache.rows(rows), mask, self.cache.slot(self.start)))
