@@ -27,7 +27,8 @@ from typing import Protocol
 import torch
 
 from mrp_dlm.config import BlockSchedule, DecodeConfig
-from mrp_dlm.decoding.graphs import BlockSteps, batch_bucket, block_steps
+from mrp_dlm.decoding.graphs import Bucket, batch_bucket, bucket, slot_bucket
+from mrp_dlm.decoding.graphs import SLOT_BUCKET  # noqa: F401 (read here by benchmarks)
 from mrp_dlm.decoding.head_cache import HeadCache
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
@@ -37,9 +38,6 @@ from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask
 
 
-# Cache slots are rounded up to a multiple of this, so that calls with prompts of other
-# lengths mostly share one static shape (a compiled step recompiles per shape).
-SLOT_BUCKET = 256
 STORE_AND_NEXT = "store + next"  # the mask key of a forward that stores and denoises
 
 
@@ -120,11 +118,11 @@ class BlockContext:
     pending: BackboneStep | None = None  # the block's first step, computed with the last store
     masks: dict[int | str, torch.Tensor] = field(default_factory=dict)  # by copies, or
     # STORE_AND_NEXT: the previous block's store with this block's first step
-    steps: BlockSteps | None = None  # runs the forwards over `cache` (None: eager ones)
+    bucket: Bucket | None = None  # runs the forwards over `cache` (None: eager ones)
 
     def __post_init__(self) -> None:
-        if self.steps is None:
-            self.steps = BlockSteps(self.cache)
+        if self.bucket is None:
+            self.bucket = Bucket(self.cache)
 
     @property
     def width(self) -> int:
@@ -156,8 +154,8 @@ class BlockContext:
         positions = self.positions.repeat(1, copies)  # (B, M*L)
         # Contiguous: a state sliced out of a stack of drafts would otherwise give a compiled
         # step a stride it has not seen (a recompile).
-        return self.steps(self.model, blocks.contiguous(), positions, self.mask(copies),
-                          self.slot())
+        return self.bucket.backbone(self.model, blocks.contiguous(), positions,
+                                    self.mask(copies), self.slot())
 
     def eligible(self, block: torch.Tensor) -> torch.Tensor:
         """(B, L) masked positions of the rows still generating: what a step may reveal."""
@@ -192,8 +190,8 @@ class BlockContext:
         self.counters.add_denoise(self.active, store=True)
         positions = torch.cat((self.positions - L, self.positions), dim=1)  # (B, 2L)
         both = torch.cat((finished, block), dim=1)  # (B, 2L)
-        both_hidden = self.steps(self.model, both, positions, self.mask(STORE_AND_NEXT),
-                                 self.slot(-L))  # (B, 2L, H)
+        both_hidden = self.bucket.backbone(self.model, both, positions,
+                                           self.mask(STORE_AND_NEXT), self.slot(-L))  # (B, 2L, H)
         if self.head is not None:
             self.head.add(both_hidden[:, :L])  # clean_hidden: the finished block's store
         base_hidden = both_hidden[:, L:]  # (B, L, H)
@@ -304,11 +302,11 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     rows = prompts + prompts[:1] * (batch - len(prompts))
     layout = plan_layout([len(p) for p in rows], L, config.max_new_tokens)
     tokens, positions, key_valid = build_buffers(rows, layout, schedule.mask_token_id, device)
-    slots = layout.total_slots + (decoder.copies - 1) * L
-    slots = -(-slots // SLOT_BUCKET) * SLOT_BUCKET
-    steps = block_steps(model, batch, slots, config.cuda_graphs)
-    cache = steps.cache
-    head = (HeadCache(decoder.head, model, tokens, positions, key_valid, slots)
+    slots = slot_bucket(layout.total_slots + (decoder.copies - 1) * L, config.cuda_graphs)
+    caches = bucket(model, batch, slots, config.cuda_graphs)
+    caches.graphs.replays.clear()  # this call's
+    cache = caches.cache
+    head = (HeadCache(decoder.head, model, tokens, positions, key_valid, caches)
             if decoder.head is not None else None)
     counters = Counters.start(device)
     decoder.begin()
@@ -331,7 +329,7 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         start = layout.prefix_slots + index * L
         block_positions = positions[:, start:start + L].contiguous()  # (B, L)
         context = BlockContext(model, cache, schedule, start, block_positions, key_valid, active,
-                               counters, head, steps=steps)
+                               counters, head, bucket=caches)
         if head is not None:
             head.begin(start, block_positions)
         block = tokens[:, start:start + L].clone()  # (B, L)
@@ -346,7 +344,7 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     if head is not None:
         counters.stats.head_forwards = head.steps
         counters.stats.head_store_forwards = head.stores
-    counters.stats.graph_replays = steps.replays
+    counters.stats.graph_replays = sum(caches.graphs.replays.values())
     counters.stats = counters.stats + decoder.stats()  # what only the mode counts
     return finish(tokens[:len(prompts)], layout, config, schedule, counters, began)
 

@@ -81,6 +81,12 @@ def test_batch_bucket_is_the_next_power_of_two():
         1, 2, 4, 4, 8, 8, 16, 32, 64]
 
 
+def test_slot_buckets_are_few_with_graphs():
+    assert [graphs.slot_bucket(n, False) for n in (1, 256, 257, 700)] == [256, 256, 512, 768]
+    assert [graphs.slot_bucket(n, True) for n in (1, 256, 257, 700, 1100)] == [
+        256, 256, 512, 1024, 2048]
+
+
 def test_refusal_names_the_reason():
     model = random_backbone(tiny_config(), seed=1)
     assert "no CUDA graphs" in graphs.capture_refusal(model, torch.device("cpu"))
@@ -92,13 +98,13 @@ def test_refusal_names_the_reason():
 
 def test_kept_buckets_per_model():
     model = random_backbone(tiny_config(), seed=1)
-    first = graphs.block_steps(model, 4, 256, graphs=True)
-    assert graphs.block_steps(model, 4, 256, graphs=True) is first  # its cache, its graphs
-    assert not first.capture  # a CPU: eager, explicitly
-    assert graphs.block_steps(model, 4, 256, graphs=False) is not first  # off: a new cache
+    first = graphs.bucket(model, 4, 256, graphs=True)
+    assert graphs.bucket(model, 4, 256, graphs=True) is first  # its caches, its graphs
+    assert not first.graphs.capture  # a CPU: eager, explicitly
+    assert graphs.bucket(model, 4, 256, graphs=False) is not first  # off: new caches
     for batch in (1, 2):
-        graphs.block_steps(model, batch, 256, graphs=True)
-    assert graphs.block_steps(model, 4, 256, graphs=True) is not first  # evicted
+        graphs.bucket(model, batch, 256, graphs=True)
+    assert graphs.bucket(model, 4, 256, graphs=True) is not first  # evicted
 
 
 @pytest.mark.parametrize("replay", [False, True], ids=["cpu-eager", "stand-in-graph"])
@@ -107,7 +113,7 @@ def test_graphs_option_decodes_the_reference_tokens(case, replay, monkeypatch):
     graphs.release(model)  # the other parametrization's kept steps
     if replay:
         monkeypatch.setattr(graphs, "capture_refusal", lambda model, device: None)
-        monkeypatch.setattr(graphs.BlockSteps, "record", record_eager)
+        monkeypatch.setattr(graphs.Graphs, "record", record_eager)
     for config in CONFIGS:
         eager = decode(model, head, prompts, config)
         graphed = dataclasses.replace(config, cuda_graphs=True)
@@ -120,9 +126,14 @@ def test_graphs_option_decodes_the_reference_tokens(case, replay, monkeypatch):
             # Padding rows never generate: every count is the real rows' alone.
             for name in COUNTS:
                 assert getattr(result.stats, name) == getattr(eager.stats, name), (config, name)
-            block_forwards = result.stats.denoise_forwards + result.stats.verify_forwards
-            assert result.stats.graph_replays == (block_forwards if replay else 0)
+            replays = graphs.bucket(model, 4, 256, graphs=True).graphs.replays
+            assert result.stats.graph_replays == sum(replays.values())
+            assert replays["backbone"] == (result.stats.denoise_forwards
+                                           + result.stats.verify_forwards if replay else 0)
+            # The head's steps with at most one pending block replay; the others run eager.
+            assert replays["head"] <= result.stats.head_forwards
+            assert (replays["head"] > 0) == (replay and config.mode in ("speculative", "direct"))
         if replay:  # one graph per forward kind (token count): denoise, store + next, verify
-            steps = graphs.block_steps(model, 4, 256, graphs=True)
-            assert set(steps.graphs) <= {4, 8, 12}
-            assert {4, 8} <= set(steps.graphs)
+            kinds = {key[-1] for key in graphs.bucket(model, 4, 256, True).graphs.graphs
+                     if key[0] == "backbone"}
+            assert {4, 8} <= kinds <= {4, 8, 12}
