@@ -95,6 +95,8 @@ class Graphs:
         if not self.capture or key is None:
             return forward(*inputs)
         captured = self.graphs.get(key) or self.capture_graph(key, forward, inputs)
+        if captured is None:  # the capture failed: eager from now on
+            return forward(*inputs)
         for static, value in zip(captured.inputs, inputs):
             static.copy_(value)
         captured.graph.replay()
@@ -102,9 +104,17 @@ class Graphs:
         return captured.output.clone()  # the next replay overwrites the static output
 
     def capture_graph(self, key: tuple, forward: Callable[..., torch.Tensor],
-                      inputs: tuple[torch.Tensor, ...]) -> _Graph:
+                      inputs: tuple[torch.Tensor, ...]) -> _Graph | None:
+        """The key's graph over static copies of `inputs`; None, and eager from then on, if
+        the capture fails (logged: a first GPU run should see why, not stop)."""
         static = tuple(x.clone() for x in inputs)
-        graph, output = self.record(lambda: forward(*static))
+        try:
+            graph, output = self.record(lambda: forward(*static))
+        except RuntimeError as error:
+            logger.warning("cuda_graphs: capturing %s failed (%s); the steps run eager",
+                           key[0], str(error).splitlines()[0] if str(error) else type(error))
+            self.capture = False
+            return None
         self.graphs[key] = _Graph(graph, static, output)
         return self.graphs[key]
 

@@ -137,3 +137,21 @@ def test_graphs_option_decodes_the_reference_tokens(case, replay, monkeypatch):
             kinds = {key[-1] for key in graphs.bucket(model, 4, 256, True).graphs.graphs
                      if key[0] == "backbone"}
             assert {4, 8} <= kinds <= {4, 8, 12}
+
+
+def test_a_failed_capture_falls_back_to_eager(case, monkeypatch, caplog):
+    model, head, prompts = case
+    graphs.release(model)
+
+    def fail(self, run):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs, "capture_refusal", lambda model, device: None)
+    monkeypatch.setattr(graphs.Graphs, "record", fail)
+    config = CONFIGS[2]  # speculative: backbone and head steps
+    eager = decode(model, head, prompts, config)
+    with caplog.at_level("WARNING", logger=graphs.__name__):
+        result = decode(model, head, prompts, dataclasses.replace(config, cuda_graphs=True))
+    assert result.token_ids == eager.token_ids and result.stats.graph_replays == 0
+    assert "capturing backbone failed (operation not permitted" in caplog.text
+    assert not graphs.bucket(model, 4, 256, graphs=True).graphs.capture
