@@ -155,3 +155,20 @@ def test_a_failed_capture_falls_back_to_eager(case, monkeypatch, caplog):
     assert result.token_ids == eager.token_ids and result.stats.graph_replays == 0
     assert "capturing backbone failed (operation not permitted" in caplog.text
     assert not graphs.bucket(model, 4, 256, graphs=True).graphs.capture
+
+
+def test_every_step_slot_is_a_view_of_the_slot_range(case, monkeypatch):
+    # No tensor made from a host integer per forward (a synchronizing copy on CUDA): every
+    # block step's and head step's write slot is a view of its cache's slot range.
+    model, head, prompts = case
+    seen = []
+    run = graphs.Graphs.run
+
+    def spy(self, key, forward, inputs):
+        seen.append(inputs[-1])
+        return run(self, key, forward, inputs)
+
+    monkeypatch.setattr(graphs.Graphs, "run", spy)
+    decode(model, head, prompts, CONFIGS[2])  # speculative: block steps and head steps
+    assert seen and all(slot.dim() == 0 and slot._base is not None for slot in seen)
+    assert len({slot.untyped_storage().data_ptr() for slot in seen}) <= 2  # backbone, head
