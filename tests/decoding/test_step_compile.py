@@ -56,14 +56,20 @@ def decode(model, head, prompts, config):
         return generate(model, prompts, config, decoder)
 
 
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.mode for c in CONFIGS])
-def test_step_compiles_once_per_kind_without_breaks(config):
+def test_step_compiles_once_per_kind_without_breaks(config, fresh_dynamo):
     model = random_backbone(tiny_config(), seed=6)
     head = random_head(model, 6, norm=0.3)
     kinds = shapes_seen(model, head, config)
     eager = decode(model, head, prompts_of(2), config).token_ids
-    torch._dynamo.reset()
-    counters.clear()
     for module in (model, head):
         module.compile(fullgraph=True, dynamic=False, backend="eager")
     with torch._dynamo.config.patch(recompile_limit=64):
@@ -74,4 +80,3 @@ def test_step_compiles_once_per_kind_without_breaks(config):
             compiled = decode(model, head, prompts_of(2), config).token_ids
     assert counters["stats"]["unique_graphs"] == len(kinds)  # the second decode compiled none
     assert compiled == eager
-    torch._dynamo.reset()
