@@ -172,6 +172,11 @@ class DecodeConfig:
         "seed logits: no head read or run)")})
     stop_token_ids: tuple[int, ...] | None = field(default=None, metadata={"help": (
         "None means the model's stop ids")})
+    cuda_graphs: bool = field(default=False, metadata={"help": (
+        "on CUDA: capture the backbone's block steps (denoise, each verify width, store + next) "
+        "and the head's steps as CUDA graphs per batch bucket (rows padded to a power of two) "
+        "and replay them; on a CPU or an MoE backbone the same steps run eager. Off until "
+        "measured on a GPU")})
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

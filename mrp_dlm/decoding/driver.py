@@ -27,6 +27,8 @@ from typing import Protocol
 import torch
 
 from mrp_dlm.config import BlockSchedule, DecodeConfig
+from mrp_dlm.decoding.graphs import Bucket, batch_bucket, bucket, slot_bucket
+from mrp_dlm.decoding.graphs import SLOT_BUCKET  # noqa: F401 (read here by benchmarks)
 from mrp_dlm.decoding.head_cache import HeadCache
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
@@ -36,9 +38,6 @@ from mrp_dlm.model.head import MRPHead
 from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask
 
 
-# Cache slots are rounded up to a multiple of this, so that calls with prompts of other
-# lengths mostly share one static shape (a compiled step recompiles per shape).
-SLOT_BUCKET = 256
 STORE_AND_NEXT = "store + next"  # the mask key of a forward that stores and denoises
 
 
@@ -119,6 +118,11 @@ class BlockContext:
     pending: BackboneStep | None = None  # the block's first step, computed with the last store
     masks: dict[int | str, torch.Tensor] = field(default_factory=dict)  # by copies, or
     # STORE_AND_NEXT: the previous block's store with this block's first step
+    bucket: Bucket | None = None  # runs the forwards over `cache` (None: eager ones)
+
+    def __post_init__(self) -> None:
+        if self.bucket is None:
+            self.bucket = Bucket(self.cache)
 
     @property
     def width(self) -> int:
@@ -136,8 +140,9 @@ class BlockContext:
         return self.masks[copies]
 
     def slot(self, offset: int = 0) -> torch.Tensor:
-        """0-dim int64 slot start + offset (a tensor: a compiled step must not specialise)."""
-        return torch.tensor(self.start + offset, device=self.positions.device)
+        """0-dim int64 slot start + offset on the device (`KVCache.slot`: a view, no host
+        copy; a tensor, so a compiled or captured step serves every block)."""
+        return self.cache.slot(self.start + offset)
 
     def forward(self, blocks: torch.Tensor) -> torch.Tensor:
         """Hidden states (B, M*L, H) of M copies of the block (M states) in one forward.
@@ -147,7 +152,10 @@ class BlockContext:
         """
         copies = blocks.shape[1] // self.schedule.block_size
         positions = self.positions.repeat(1, copies)  # (B, M*L)
-        return self.model(blocks, positions, self.mask(copies), self.cache, self.slot())
+        # Contiguous: a state sliced out of a stack of drafts would otherwise give a compiled
+        # step a stride it has not seen (a recompile).
+        return self.bucket.backbone(self.model, blocks.contiguous(), positions,
+                                    self.mask(copies), self.slot())
 
     def eligible(self, block: torch.Tensor) -> torch.Tensor:
         """(B, L) masked positions of the rows still generating: what a step may reveal."""
@@ -182,8 +190,8 @@ class BlockContext:
         self.counters.add_denoise(self.active, store=True)
         positions = torch.cat((self.positions - L, self.positions), dim=1)  # (B, 2L)
         both = torch.cat((finished, block), dim=1)  # (B, 2L)
-        both_hidden = self.model(both, positions, self.mask(STORE_AND_NEXT), self.cache,
-                                 self.slot(-L))  # (B, 2L, H)
+        both_hidden = self.bucket.backbone(self.model, both, positions,
+                                           self.mask(STORE_AND_NEXT), self.slot(-L))  # (B, 2L, H)
         if self.head is not None:
             self.head.add(both_hidden[:, :L])  # clean_hidden: the finished block's store
         base_hidden = both_hidden[:, L:]  # (B, L, H)
@@ -288,13 +296,17 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     began = time.perf_counter()
     schedule = config.resolve(model.config)
     L, device = schedule.block_size, model.lm_head.weight.device
-    layout = plan_layout([len(p) for p in prompts], L, config.max_new_tokens)
-    tokens, positions, key_valid = build_buffers(prompts, layout, schedule.mask_token_id, device)
-    slots = layout.total_slots + (decoder.copies - 1) * L
-    slots = -(-slots // SLOT_BUCKET) * SLOT_BUCKET
-    cache = KVCache(model.config.num_layers, len(prompts), model.config.num_kv_heads, slots,
-                    model.config.head_dim, model.lm_head.weight.dtype, device)
-    head = (HeadCache(decoder.head, model, tokens, positions, key_valid, slots)
+    # With graphs a batch runs as its bucket's rows: the padding rows copy the first prompt
+    # (the layout stays the real rows') and are inactive from the start.
+    batch = batch_bucket(len(prompts)) if config.cuda_graphs else len(prompts)
+    rows = prompts + prompts[:1] * (batch - len(prompts))
+    layout = plan_layout([len(p) for p in rows], L, config.max_new_tokens)
+    tokens, positions, key_valid = build_buffers(rows, layout, schedule.mask_token_id, device)
+    slots = slot_bucket(layout.total_slots + (decoder.copies - 1) * L, config.cuda_graphs)
+    caches = bucket(model, batch, slots, config.cuda_graphs)
+    caches.graphs.replays.clear()  # this call's
+    cache = caches.cache
+    head = (HeadCache(decoder.head, model, tokens, positions, key_valid, caches)
             if decoder.head is not None else None)
     counters = Counters.start(device)
     decoder.begin()
@@ -311,13 +323,13 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     prompt_ends = (layout.pads + layout.lengths).to(device)  # (B,) first generated slot
     end_slots = prompt_ends + config.max_new_tokens  # (B,)
     stop_ids = torch.tensor(schedule.stop_token_ids, dtype=torch.long, device=device)
-    active = torch.ones(len(prompts), dtype=torch.bool, device=device)
+    active = torch.arange(batch, device=device) < len(prompts)  # (B,) bool
     finished = None  # the previous block, stored by the next block's first forward
     for index in range(layout.num_blocks):
         start = layout.prefix_slots + index * L
         block_positions = positions[:, start:start + L].contiguous()  # (B, L)
         context = BlockContext(model, cache, schedule, start, block_positions, key_valid, active,
-                               counters, head)
+                               counters, head, bucket=caches)
         if head is not None:
             head.begin(start, block_positions)
         block = tokens[:, start:start + L].clone()  # (B, L)
@@ -332,8 +344,9 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     if head is not None:
         counters.stats.head_forwards = head.steps
         counters.stats.head_store_forwards = head.stores
+    counters.stats.graph_replays = sum(caches.graphs.replays.values())
     counters.stats = counters.stats + decoder.stats()  # what only the mode counts
-    return finish(tokens, layout, config, schedule, counters, began)
+    return finish(tokens[:len(prompts)], layout, config, schedule, counters, began)
 
 
 def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule: BlockSchedule,

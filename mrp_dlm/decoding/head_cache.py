@@ -25,8 +25,8 @@ from typing import Protocol
 
 import torch
 
+from mrp_dlm.decoding.graphs import Bucket
 from mrp_dlm.model.backbone import Backbone
-from mrp_dlm.model.cache import KVCache
 from mrp_dlm.model.head import HeadAttention, MRPHead
 from mrp_dlm.model.masks import copies_mask, stored_blocks_mask
 
@@ -47,13 +47,12 @@ class HeadCache:
     """One decode's head keys: a `KVCache` of the head's layers over the backbone's slots."""
 
     def __init__(self, head: MRPHead, model: Backbone, tokens: torch.Tensor,
-                 positions: torch.Tensor, key_valid: torch.Tensor, slots: int) -> None:
-        """tokens, positions, key_valid: the driver's (B, S') buffers (S' <= slots)."""
-        cfg = model.config
+                 positions: torch.Tensor, key_valid: torch.Tensor, bucket: Bucket) -> None:
+        """tokens, positions, key_valid: the driver's (B, S') buffers (S' <= the bucket's
+        slots); bucket: the call's caches and graphs (`graphs.py`)."""
         self.head, self.model = head, model
         self.tokens, self.all_positions, self.key_valid = tokens, positions, key_valid
-        self.cache = KVCache(head.config.num_layers, tokens.shape[0], cfg.num_kv_heads, slots,
-                             cfg.head_dim, model.lm_head.weight.dtype, tokens.device)
+        self.cache, self.graphs = bucket.head_cache(model, head), bucket.graphs
         self.written = 0  # slots [0, written) hold the head's keys
         self.pending: list[torch.Tensor] = []  # clean_hidden (B, T_i, H) of the slots after
         self.start, self.positions = 0, None  # the current block: first slot, (B, L) positions
@@ -95,20 +94,29 @@ class HeadCache:
         copies = tokens.shape[1] // L
         first, held = self.written, self.flush()
         stored = self.tokens[:, first:self.start]  # (B, P)
-        residual = self.head(self.model, torch.cat((stored, tokens), dim=1),
-                             torch.cat((*held, hidden_in), dim=1),
-                             torch.cat((self.all_positions[:, first:self.start],
-                                        self.positions.repeat(1, copies)), dim=1),
-                             HeadAttention(self.cache, self.mask(first, copies),
-                                           first))  # (B, P + M*L, H)
+        inputs = (torch.cat((stored, tokens), dim=1),  # (B, P + M*L)
+                  torch.cat((*held, hidden_in), dim=1),  # (B, P + M*L, H)
+                  torch.cat((self.all_positions[:, first:self.start],
+                             self.positions.repeat(1, copies)), dim=1),  # (B, P + M*L)
+                  self.mask(first, copies), self.cache.slot(first))
+        # A graph per shape of the steady state (at most one pending block); the first step
+        # after prefill, or after blocks without a head step, runs eager.
+        key = ("head", self.head, inputs[0].shape[1]) if stored.shape[1] <= L else None
+        residual = self.graphs.run(key, self.forward, inputs)  # (B, P + M*L, H)
         return residual[:, stored.shape[1]:]
+
+    def forward(self, tokens: torch.Tensor, hidden_in: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """h_C (B, T, H) of the head on tokens (B, T) writing its keys at [slot, slot + T)."""
+        return self.head(self.model, tokens, hidden_in, positions,
+                         HeadAttention(self.cache, mask, slot))
 
     def store_pending(self) -> None:
         """The pending stores in a head forward of their own."""
         first, held = self.written, self.flush()
-        self.head(self.model, self.tokens[:, first:self.start], torch.cat(held, dim=1),
-                  self.all_positions[:, first:self.start],
-                  HeadAttention(self.cache, self.mask(first, 0), first))
+        self.forward(self.tokens[:, first:self.start], torch.cat(held, dim=1),
+                     self.all_positions[:, first:self.start], self.mask(first, 0),
+                     self.cache.slot(first))
         self.stores += 1
 
     def mask(self, first: int, copies: int) -> torch.Tensor:
@@ -138,4 +146,4 @@ class HeadCache:
         L = self.positions.shape[1]
         mask = copies_mask(self.key_valid[rows], self.start, L, 1, self.width)  # (N, L, S)
         return self.head(self.model, tokens, hidden_in, self.positions[rows],
-                         HeadAttention(self.cache.rows(rows), mask, self.start))
+                         HeadAttention(self.cache.rows(rows), mask, self.cache.slot(self.start)))

@@ -31,6 +31,8 @@ class DecodeStats:
     self_drafts_accepted: int = 0  # of which accepted
     rescued: int = 0  # speculative: rounds that kept an alternative after their accepted
     # drafts
+    graph_replays: int = 0  # backbone block forwards replayed from a captured CUDA graph
+    # (`DecodeConfig.cuda_graphs` on a CUDA device; 0 where the steps ran eager)
     accept_histogram: list[int] = field(default_factory=list)  # rounds by drafts accepted
     seconds: float = 0.0  # wall time of the call
 

@@ -5,6 +5,9 @@ slots [0, c) and uses slots from c on as scratch: a denoise forward of the curre
 writes there, a verify forward writes its M candidate copies to [c, c + M*L), and the
 store forward finally writes the finished block to [c, c + L). Slots below c are only
 ever written by prefill and store, so denoise and verify leave the cached prefix intact.
+A write's first slot may be a 0-dim device tensor (`KVCache.slot`, a view of a slot range
+made once): a step then reads no host integer, so a compiled or CUDA-graph-captured step
+serves every block (docs/design.md, "Static shapes").
 
 Deliberately not here: who may attend to which slot (the caller's mask decides).
 
@@ -48,6 +51,12 @@ class KVCache:
         shape = (num_layers, batch, num_kv_heads, slots, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # (layers, B, nkv, S, hd)
         self.values = torch.zeros(shape, dtype=dtype, device=device)  # (layers, B, nkv, S, hd)
+        self.slot_ids = torch.arange(slots, device=device)  # (S,) int64, made once
+
+    def slot(self, index: int) -> torch.Tensor:
+        """Slot `index` as a 0-dim int64 tensor on the cache's device: a view, so no copy from
+        the host (a synchronizing one on CUDA) per forward."""
+        return self.slot_ids[index]
 
     def layer(self, index: int) -> LayerCache:
         return LayerCache(self.keys[index], self.values[index])
@@ -58,4 +67,5 @@ class KVCache:
         copy = KVCache.__new__(KVCache)
         copy.keys = self.keys[:, index]  # (layers, N, nkv, S, hd)
         copy.values = self.values[:, index]  # (layers, N, nkv, S, hd)
+        copy.slot_ids = self.slot_ids
         return copy
