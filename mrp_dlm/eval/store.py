@@ -66,6 +66,13 @@ def flatten(record: dict, prefix: str = "") -> dict:
     return flat
 
 
+def newer_default(key: str, value: object) -> bool:
+    """A decode field that a run directory written by an older version lacks, at its default
+    value: it decides nothing that run did not (so the run still resumes)."""
+    defaults = flatten({"config": json.loads(json.dumps(dataclasses.asdict(DecodeConfig())))})
+    return key in defaults and defaults[key] == value
+
+
 def check_identity(out: Path, run: RunIdentity) -> None:
     """Record the identity in a new directory; refuse a directory made by another run."""
     path = out / RUN_FILE
@@ -74,7 +81,8 @@ def check_identity(out: Path, run: RunIdentity) -> None:
         return
     stored, wanted = flatten(json.loads(path.read_text())), flatten(run.to_dict())
     keys = sorted(set(wanted) | set(stored))
-    differ = [key for key in keys if wanted.get(key) != stored.get(key)]
+    differ = [key for key in keys if wanted.get(key) != stored.get(key)
+              and not (key not in stored and newer_default(key, wanted[key]))]
     if differ:
         details = "; ".join(f"{key} {stored.get(key)!r} there, {wanted.get(key)!r} now"
                             for key in differ)

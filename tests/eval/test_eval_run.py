@@ -113,6 +113,18 @@ def test_a_directory_of_another_run_is_refused(pipe, tmp_path, change):
     assert len(read_lines(tmp_path)) == 1
 
 
+def test_a_run_from_before_a_new_decode_field_resumes_at_its_default(pipe, tmp_path):
+    run_eval(pipe, tmp_path, 1)
+    path = tmp_path / store.RUN_FILE
+    stored = json.loads(path.read_text())
+    del stored["config"]["cuda_graphs"]  # as an older version wrote it
+    path.write_text(json.dumps(stored))
+    assert run_eval(pipe, tmp_path, 2)["n"] == 2
+    graphs = DecodeConfig(max_new_tokens=MAX_NEW, cuda_graphs=True)
+    with pytest.raises(ValueError, match="different run \\(config.cuda_graphs"):
+        run_eval(pipe, tmp_path, 2, identity(pipe, config=graphs))
+
+
 def test_the_head_is_part_of_the_identity_only_for_mrp_modes(pipe):
     assert identity(pipe, head="/h").head is None
     speculative = DecodeConfig(mode="speculative", max_new_tokens=MAX_NEW)
