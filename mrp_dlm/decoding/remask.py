@@ -16,7 +16,8 @@ Each step:
 A step keeps at least its first reveal, and every trusted one. With a head that predicts no
 change this is dynamic decoding at the same τ. Where host reads are free (a CPU) the head pass
 is sized by the checks (one read); an accelerator sizes it for every reveal after a row's
-first (static shapes, no read; the driver's read after the step is the only one). docs/design.md ("Remask rules") says why and what was measured.
+first (static shapes, no read; the driver's read after the step is the only one).
+docs/design.md ("Remask rules") says why and what was measured.
 
 Shapes: B batch, L block size, H hidden, V vocab, N reveals checked in the batch.
 """
@@ -85,9 +86,9 @@ class RemaskDecoder(Vetoing):
         recheck_blocks = build_recheck_blocks(block, proposal, commit, rank, row, at)  # (N, L)
         rescored = self.recheck(context, recheck_blocks, base, row, at, proposal.tokens[row, at])
         used = torch.arange(N, device=commit.device) < count  # (N,)
-        failed = torch.zeros(B, L, dtype=torch.long, device=commit.device).index_put_(
-            (row, at), (used & (rescored <= threshold)).long(), accumulate=True)  # (B, L)
-        return keep_consistent_prefix(commit, rank, failed == 0)
+        failed = torch.zeros(B * L, dtype=torch.long, device=commit.device).scatter_add_(
+            0, row * L + at, (used & (rescored <= threshold)).long())  # (B*L,)
+        return keep_consistent_prefix(commit, rank, failed.view(B, L) == 0)
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows = step.rows

@@ -65,14 +65,12 @@ def count_accepted(states: torch.Tensor, valid: torch.Tensor, steps: torch.Tenso
 
 
 def record_verdicts(planner: DraftPlanner, sources: tuple[str, ...], accepted: torch.Tensor,
-                    valid: torch.Tensor, rescue: Rescue | None = None,
-                    advanced: torch.Tensor | None = None) -> torch.Tensor:
+                    valid: torch.Tensor) -> torch.Tensor:
     """Give the planner one round's verdicts (`DraftPlanner.observe`); returns the later
     drafts accepted per chain (B,). accepted: (B,) from `count_accepted`; valid: (B, M) of
-    the same chains, whose later states came from `sources` (M - 1 entries); rescue,
-    advanced: the library's alternatives found and rule steps advanced per row."""
+    the same chains, whose later states came from `sources` (M - 1 entries)."""
     later = (accepted - 1).clamp_min(0)  # (B,)
-    planner.observe(sources, later, valid[:, 1:], rescue, advanced)
+    planner.observe(sources, later, valid[:, 1:])
     return later
 
 

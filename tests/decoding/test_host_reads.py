@@ -146,7 +146,7 @@ def counting(monkeypatch, decoder):
 
 
 BLOCK, MAX_NEW = 4, 14
-WARM_CALLS = 4  # calls before the counted one, at most: until the planner has learnt
+WARM_CALLS = 6  # calls before the counted one, at most: until one times no round
 PROMPTS = [[5, 17, 33, 2, 61, 8, 40], [12, 9, 70, 44, 3], [81, 26, 7, 19, 55, 30, 66, 4, 90]]
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=3)
 MODES = {  # name -> DecodeConfig fields
@@ -199,26 +199,24 @@ class Measured:
         return self.reads / self.forwards
 
 
-def learning(decoder) -> bool:
-    """Whether a decoder's planner still times rounds to learn its costs."""
-    planner = getattr(decoder, "planner", None)
-    return planner is not None and planner.adaptive and (not planner.costs or planner.probes)
-
-
 def measure(monkeypatch, name: str, model=None, head=None, warm: bool = True) -> Measured:
-    """One call of mode `name`, counted; `warm`: after calls that let the planner learn its
-    costs (its timed rounds, a bounded number per batch size: a decoder keeps what it
-    learnt across calls)."""
+    """One call of mode `name`, counted; `warm`: after calls until one times no round (the
+    planner times rounds while it learns a batch size's costs and a candidate set's verify:
+    a bounded number, and a decoder keeps what it learnt across calls)."""
     if model is None:
         model, head = model_and_head()
     config = DecodeConfig(block_size=BLOCK, max_new_tokens=MAX_NEW, stop_token_ids=(),
                           **MODES[name])
     decoder = make_decoder(config, head)
-    for _ in range(WARM_CALLS if warm else 0):
-        generate(model, PROMPTS, config, decoder)
-        if not learning(decoder):
-            break
-    assert not (warm and learning(decoder)), f"{name}: the planner is still learning"
+    timed = Counter()  # the warm calls' timed rounds' synchronisations
+    with monkeypatch.context() as patch:
+        patch.setattr(costs, "sync", lambda device: timed.update(["sync"]))
+        for _ in range(WARM_CALLS if warm else 0):
+            timed.clear()
+            generate(model, PROMPTS, config, decoder)
+            if not timed:
+                break
+    assert not (warm and timed), f"{name}: the planner still times rounds"
     with monkeypatch.context() as patch, counting(patch, decoder) as counts:
         result = generate(model, PROMPTS, config, decoder)
     return Measured(counts.total, sum(counts.per_call.values()), sum(counts.copies.values()),
