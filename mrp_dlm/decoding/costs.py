@@ -46,9 +46,11 @@ class Timer:
     def __init__(self, device: torch.device, enabled: bool) -> None:
         self.device, self.enabled, self.began = device, enabled, 0.0
 
-    def start(self) -> None:
+    def start(self, drained: bool = False) -> None:
+        """drained: the caller just read from the device (its queue is empty: no sync)."""
         if self.enabled:
-            sync(self.device)
+            if not drained:
+                sync(self.device)
             self.began = time.perf_counter()
 
     def stop(self) -> float:

@@ -100,9 +100,8 @@ class Drafter:
     def proposal(self, logits: torch.Tensor, state: torch.Tensor,
                  positions: torch.Tensor) -> Proposal:
         """The rule's proposal on logits (B, L, V) for `state`'s draw key."""
-        mask_token_id = self.rule.mask_token_id
-        return propose(logits, mask_token_id, self.rule.sampling, positions,
-                       draw_index(state, mask_token_id))
+        mask = self.rule.mask_token_id
+        return propose(logits, mask, self.rule.sampling, positions, draw_index(state, mask))
 
 
 def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[str, ...],
@@ -115,12 +114,11 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
     that state's draw key, as the verifier's step on it is. `alternatives`: each later
     draft's alternatives too (`candidates.alternatives`, no forward).
 
-    seed: the backbone on rows.tokens; on_seed: the rule's proposal on it, where the caller
-    has it. most: the most masked positions a row has after draft 1, where the host knows
-    it: every draft reveals one at least, so min(D, most) later drafts, without a host
-    check (a chain may finish before: its later drafts reveal nothing, never accepted);
-    None: one host check per draft, which stops the chain exactly where it finishes. Runs
-    one head step per HEAD draft made.
+    seed: the backbone on rows.tokens; on_seed: the rule's proposal on it, if the caller
+    has it. most: the most masked positions a row has after draft 1, if the host knows it:
+    every draft reveals one at least, so min(D, most) later drafts and no host check (one
+    that finishes early leaves the rest revealing nothing, never accepted); None: one host
+    check per draft stops the chain where it finishes. One head step per HEAD draft made.
     """
     accumulator, state, eligible = seed.hidden, rows.tokens, rows.eligible
     threshold = drafter.rule.threshold
@@ -280,6 +278,7 @@ class Look:
     going: bool | None = None  # a row goes on after the block, were it done now
     first_going: bool | None = None  # the same after draft 1
     realized: int | None = None  # the lockstep block before's steps, read at a block's start
+    read: bool = True  # the look read from the device (its queue is empty after it)
 
 
 class SpeculativeDecoder:
@@ -320,11 +319,8 @@ class SpeculativeDecoder:
             return Advance(rows.tokens, step.base, left=0, going=look.going)
         plan = self.planner.plan(B, (context.width - context.start) // L, step.index == 0,
                                  look.realized)
-        if not plan.sources and plan.probe is None:  # the rule's own step (the driver
-            self.planner.observe((), advanced=rows.eligible.any(dim=1))  # denoises next)
-            return Advance(first, left=look.first, going=look.first_going)
         timer = Timer(rows.tokens.device, plan.timed)
-        timer.start()
+        timer.start(drained=look.read)
         most = None if reads_free(rows.tokens.device) else look.first
         drafts = draft(drafter, step.base, rows, plan.sources, plan.alternatives, on_seed, most)
         draft_seconds = timer.lap()
@@ -355,7 +351,7 @@ class SpeculativeDecoder:
         after = revealing(left, 1) if self.config.threshold >= 1.0 else None
         steps = self.planner.block_steps() if step.index == 0 else None
         if left is not None and after is not None and self.pending is None and steps is None:
-            return Look(left, after)
+            return Look(left, after, read=False)
         pending, self.pending = self.pending, None
         parts = [context.progress(step.rows.tokens), context.progress(first)]
         parts += [steps[None]] if steps is not None else []
