@@ -11,11 +11,10 @@ Per denoising step of a block:
     commit   the survivors; vetoed positions stay masked and compete again next step.
 
 The head never commits a token; a step where no row has two proposals needs no head forward
-(a lone proposal survives either way): where host reads are free (a CPU) the step skips it
-(`DecodeStats.head_skips`), an accelerator runs it rather than wait for the answer. As the
-official loop, the head sees its block alone, and the rule needs steps == block_size
-(`DecodeConfig.resolve`).
-`veto_step` is the one definition of the step. docs/design.md ("Remask rules") has more.
+(a lone proposal survives either way): a CPU skips it (`DecodeStats.head_skips`), an
+accelerator runs it rather than wait to ask. As the official loop, the head sees its block
+alone; the rule needs steps == block_size. `veto_step` is the one definition of the step.
+docs/design.md ("Remask rules") has more.
 
 Deliberately not here: the chain rule (see `remask.py`), the dynamic proposal itself (see
 `selection.threshold_pick`).
