@@ -25,6 +25,8 @@ BOUNDARIES = (  # (module, qualified name prefix): not followed
     ("mrp_dlm.decoding.drafting", "DraftPlanner."),  # the planner's face: plan, observe, time
     ("mrp_dlm.decoding.costs", "Timer."),  # and its timer
     ("mrp_dlm.decoding.driver", "BlockContext.verify"),  # the verify forward
+    ("mrp_dlm.decoding.driver", "BlockContext.progress"),  # what is left: sizes the work
+    ("mrp_dlm.decoding.step", ""),  # the step's types and host-read policy: size the work
     ("mrp_dlm.decoding.head_cache", "HeadSteps.advance"),  # a head step
     ("mrp_dlm.decoding.cpu_sampling", ""),  # the CPU sampling path: the definition's tokens
     ("mrp_dlm.model", ""),  # the backbone and the head

@@ -57,16 +57,22 @@ class Acceptance:
         self.accepted[depth] += accepted
 
 
+def verdict_counts(accepted: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(D, 2) int64 on the device: (tried, accepted) per depth of one round's D drafts
+    after the first (`verdicts`, before its host read)."""
+    depth = torch.arange(valid.shape[1], device=accepted.device)  # (D,)
+    read = valid & (depth[None] <= accepted[:, None])  # (B, D)
+    stood = depth[None] < accepted[:, None]  # (B, D)
+    return torch.stack((read.sum(dim=0), stood.sum(dim=0)), dim=1)  # (D, 2)
+
+
 def verdicts(accepted: torch.Tensor, valid: torch.Tensor) -> list[tuple[int, int]]:
     """(tried, accepted) per depth of one round's D drafts after the first.
 
     accepted: (B,) of them accepted per row; valid: (B, D) the draft revealed a position. A
     row's verdicts are read up to its first rejection.
     """
-    depth = torch.arange(valid.shape[1], device=accepted.device)  # (D,)
-    read = valid & (depth[None] <= accepted[:, None])  # (B, D)
-    stood = depth[None] < accepted[:, None]  # (B, D)
-    return list(zip(*torch.stack((read.sum(dim=0), stood.sum(dim=0))).tolist()))
+    return [(tried, good) for tried, good in verdict_counts(accepted, valid).tolist()]
 
 
 @dataclass
@@ -85,10 +91,18 @@ class AlternativeHits:
 
     def add(self, reached: torch.Tensor, hits: torch.Tensor) -> None:
         """reached: (B,) bool rows whose first rejection was this source's; hits: (B, A)."""
-        counts = torch.cat((reached.sum()[None], (hits & reached[:, None]).sum(dim=0)))  # (1+A,)
-        counts = counts.tolist()
+        self.add_counts(hit_counts(reached, hits).tolist())
+
+    def add_counts(self, counts: list[int]) -> None:
+        """counts: `hit_counts`, read."""
         self.rejected += counts[0]
         self.hits = [a + b for a, b in zip(self.hits, counts[1:])]
+
+
+def hit_counts(reached: torch.Tensor, hits: torch.Tensor) -> torch.Tensor:
+    """(1 + A,) int64 on the device: the rows `reached` (B,) bool, then per slot their hits
+    (B, A) (`AlternativeHits.add`, before its host read)."""
+    return torch.cat((reached.sum()[None], (hits & reached[:, None]).sum(dim=0)))  # (1+A,)
 
 
 @dataclass

@@ -39,14 +39,18 @@ class RoundCosts:
 
 class Timer:
     """Wall seconds between `start()` and `stop()`, synchronised on CUDA; a disabled timer
-    (every round but a timed one) neither syncs nor reads the clock and returns 0."""
+    (every round but a timed one) neither syncs nor reads the clock and returns 0. Each
+    synchronisation is a host read on an accelerator: only the rounds a planner times while
+    it learns (`drafting.DraftPlanner.plan`'s `timed`) enable one."""
 
     def __init__(self, device: torch.device, enabled: bool) -> None:
         self.device, self.enabled, self.began = device, enabled, 0.0
 
-    def start(self) -> None:
+    def start(self, drained: bool = False) -> None:
+        """drained: the caller just read from the device (its queue is empty: no sync)."""
         if self.enabled:
-            sync(self.device)
+            if not drained:
+                sync(self.device)
             self.began = time.perf_counter()
 
     def stop(self) -> float:
@@ -54,6 +58,12 @@ class Timer:
             return 0.0
         sync(self.device)
         return time.perf_counter() - self.began
+
+    def lap(self) -> float:
+        """`stop()`, and the next interval starts there (no second synchronisation)."""
+        seconds = self.stop()
+        self.began += seconds
+        return seconds
 
 
 def sync(device: torch.device) -> None:

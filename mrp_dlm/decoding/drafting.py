@@ -8,7 +8,8 @@ forward):
   the rule's step on A + sum C) or SELF (the rule's step on the seed logits A), and, in the
   library, the candidate set size (`candidates.py`);
 - `observe(...)`: a round's verdicts: acceptance per source and depth, the alternatives'
-  hits, the rule steps rows advanced (for a batch in lockstep);
+  hits, the rule steps rows advanced (for a batch in lockstep); in two halves where the
+  caller reads the verdicts with a read of its own (`record` on the device, `add_record`);
 - `time(...)`: a timed round's seconds (`costs.CostProbe` while the costs are learnt).
 
 The plan run is the one of highest rate, expected rule steps over denoise forwards
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mrp_dlm.decoding.acceptance import Acceptance, AlternativeHits, Lockstep, verdicts
+from mrp_dlm.decoding.acceptance import (Acceptance, AlternativeHits, Lockstep, hit_counts,
+                                         verdict_counts)
 from mrp_dlm.decoding.candidates import ALTERNATIVES, Rescue, fitting
 from mrp_dlm.decoding.costs import HEAD, SELF, SOURCES, TIMING_REPEATS, CostProbe, RoundCosts
 
@@ -131,12 +133,14 @@ class DraftPlanner:
 
     # --- the face ---------------------------------------------------------------------
 
-    def plan(self, key: int, room: int | None = None, block_start: bool = False) -> RoundPlan:
+    def plan(self, key: int, room: int | None = None, block_start: bool = False,
+             realized: int | None = None) -> RoundPlan:
         """The next round's plan for batch `key`. room: the block copies its verify forward
         may hold (None: no candidate sets, as in serving); block_start: the round is a
-        lockstep block's first (the block before it goes to `acceptance.Lockstep`)."""
+        lockstep block's first (the block before it goes to `acceptance.Lockstep`, with its
+        `realized` steps where the caller read `block_steps()`)."""
         if block_start:
-            self.end_block()
+            self.end_block(realized)
             self.block = BlockProgress(key)
         probe = self.probe(key)
         sources = probe.next_plan() if probe is not None else self.best_sources(key)
@@ -155,22 +159,50 @@ class DraftPlanner:
         """A round's verdicts: later (B,) drafts accepted after the first, of D = `sources`
         later drafts that revealed a position where valid (B, D) (`acceptance.verdicts`);
         rescue: the alternatives at each row's first rejection, if built; advanced: (B,)
-        the rule's steps each row of a lockstep block advanced."""
+        the rule's steps each row of a lockstep block advanced. Reads the verdicts (one host
+        read; `record` + `add_record` put it where the caller reads anyway)."""
+        self.advance_block(sources, advanced)
+        record = self.record(sources, later, valid, rescue)
+        if record is not None:
+            self.add_record(sources, record.tolist(), rescue is not None)
+
+    def record(self, sources: tuple[str, ...], later: torch.Tensor | None,
+               valid: torch.Tensor | None, rescue: Rescue | None) -> torch.Tensor | None:
+        """What `observe` reads of a round's verdicts, as one int64 vector on the device
+        (None: nothing to learn): (tried, accepted) per depth, then with `rescue` the
+        rejections and hits per slot of each of this planner's sources."""
+        if not self.adaptive or not sources:
+            return None
+        parts = [verdict_counts(later, valid).flatten()]  # (2D,)
+        if rescue is not None:
+            head_rows = torch.zeros_like(rescue.reached)  # (B,) first rejection a head draft's
+            for depth, source in enumerate(sources):
+                if source == HEAD:
+                    head_rows |= rescue.depth == depth
+            parts += [hit_counts(rescue.reached & (head_rows == (source == HEAD)), rescue.hits)
+                      for source in self.sources]  # (1 + A,) each
+        return torch.cat(parts)
+
+    def add_record(self, sources: tuple[str, ...], values: list[int], hits: bool) -> None:
+        """A `record`, read: to the acceptance per source and depth and, with `hits`, to
+        the alternatives' hits."""
+        D = len(sources)
+        for depth, source in enumerate(sources):
+            self.acceptance[source].add(depth, values[2 * depth], values[2 * depth + 1])
+        if hits:
+            width = (len(values) - 2 * D) // len(self.sources)
+            for index, source in enumerate(self.sources):
+                start = 2 * D + index * width
+                self.hits[source].add_counts(values[start:start + width])
+
+    def advance_block(self, sources: tuple[str, ...], advanced: torch.Tensor | None) -> None:
+        """A round of the lockstep block: advanced (B,) the rule's steps each row advanced
+        (stays on the device), and the steps `sources` predict."""
         if advanced is not None and self.block is not None:
             block = self.block
             block.steps = advanced.long() if block.steps is None else block.steps + advanced
             block.predicted += self.plan_steps(sources)
             block.drafted |= bool(sources)
-        if not self.adaptive or not sources:
-            return
-        for depth, (source, (tried, good)) in enumerate(zip(sources, verdicts(later, valid))):
-            self.acceptance[source].add(depth, tried, good)
-        if rescue is not None:
-            is_head = torch.tensor([s == HEAD for s in sources], device=rescue.depth.device)
-            head_rows = is_head[rescue.depth]  # (B,)
-            for source in self.sources:
-                rows = rescue.reached & (head_rows == (source == HEAD))  # (B,)
-                self.hits[source].add(rows, rescue.hits)
 
     def time(self, key: int, seconds: float, copies: int, drafted: tuple[str, ...] = (),
              draft_seconds: float = 0.0, size: int = 1) -> None:
@@ -261,13 +293,21 @@ class DraftPlanner:
         """(expected steps, denoise forwards) of a round of `plan` without sets."""
         return self.plan_steps(plan), 1.0 + sum(self.costs[key].of(s) for s in plan)
 
-    def end_block(self) -> None:
+    def block_steps(self) -> torch.Tensor | None:
+        """() int64 on the device: the most rule steps a row of the tracked lockstep block
+        advanced, where `end_block` would read it (else None)."""
+        block = self.block
+        reported = block is not None and block.drafted and self.adaptive
+        return block.steps.max() if reported and block.steps is not None else None
+
+    def end_block(self, realized: int | None = None) -> None:
         """The lockstep block tracked so far to its batch's `Lockstep`, if it drafted and
-        the planner adapts (the read of its rows' steps is the block's one host read)."""
+        the planner adapts; its `realized` steps (`block_steps`) read here unless given."""
+        steps = self.block_steps()
         block, self.block = self.block, None
-        if block is not None and block.drafted and self.adaptive:
-            self.lockstep.setdefault(block.key, Lockstep()).add(int(block.steps.max()),
-                                                                block.predicted)
+        if steps is not None:
+            realized = int(steps) if realized is None else realized
+            self.lockstep.setdefault(block.key, Lockstep()).add(realized, block.predicted)
 
     def copy_costs(self, key: int, plan: tuple[str, ...]) -> dict[int, float]:
         """Set size c > 1 -> one alternative's verify copy cost in a round of `plan`."""

@@ -3,8 +3,8 @@ the step loop inside a block.
 
 Every decoding mode runs through `generate`; a mode differs only in its decoder's `step`
 (the `Decoder` protocol), which reveals some positions of one block state. Prefill, the
-store forward, the step loop, the host checks (one per step, one per block), stop handling
-and counting forwards and commits therefore exist once.
+store forward, the step loop, the host check (at most one per step, the stop check riding
+on it), stop handling and counting forwards and commits therefore exist once.
 
 A finished block's store rides on the next block's first denoise forward, and the head's
 cache (`head_cache.py`) gets the prefill's and each store's hidden states. Rows are
@@ -98,6 +98,15 @@ class Counters:
         self.committed += commit.sum()
 
 
+@dataclass(frozen=True)
+class Stops:
+    """What the stop check reads: where each row's generation starts and ends."""
+
+    prompt_ends: torch.Tensor  # (B,) int64, each row's first generated slot
+    end_slots: torch.Tensor  # (B,) int64, the slot after each row's token budget
+    stop_ids: torch.Tensor  # (n,) int64
+
+
 @dataclass
 class BlockContext:
     """What a block decoder may use for the current block (slots [start, start + L)).
@@ -114,6 +123,7 @@ class BlockContext:
     key_valid: torch.Tensor  # (B, S) False on padding slots
     active: torch.Tensor  # (B,) bool, rows still generating
     counters: Counters
+    stops: Stops | None = None  # the stop check's (None: no row ever stops)
     head: HeadCache | None = None  # the MRP modes' head and its cache of earlier blocks
     pending: BackboneStep | None = None  # the block's first step, computed with the last store
     masks: dict[int | str, torch.Tensor] = field(default_factory=dict)  # by copies, or
@@ -160,6 +170,23 @@ class BlockContext:
     def eligible(self, block: torch.Tensor) -> torch.Tensor:
         """(B, L) masked positions of the rows still generating: what a step may reveal."""
         return (block == self.schedule.mask_token_id) & self.active[:, None]
+
+    def still_active(self, block: torch.Tensor) -> torch.Tensor:
+        """(B,) bool: the active rows that go on after the block, were it done as block (B, L)."""
+        if self.stops is None:
+            return self.active
+        L, stops = self.schedule.block_size, self.stops
+        slots = torch.arange(self.start, self.start + L, device=block.device)  # (L,)
+        generated = slots[None] >= stops.prompt_ends[:, None]  # (B, L)
+        return self.active & ~finished_rows(block, generated, stops.end_slots, self.start + L,
+                                            stops.stop_ids)
+
+    def progress(self, block: torch.Tensor) -> torch.Tensor:
+        """(2,) int64 on the device: the most eligible positions a row of block (B, L) has,
+        and 1 if a row goes on after the block were it done now. A step that reads anyway
+        puts it in its own read."""
+        left = self.eligible(block).sum(dim=1).max()  # ()
+        return torch.stack((left, self.still_active(block).any().long()))
 
     def denoise(self, block: torch.Tensor) -> BackboneStep:
         """The backbone on one block state (B, L); counted as a denoise forward.
@@ -212,26 +239,35 @@ class Decoder(Protocol):
         """The decoder's own counts of this call (the driver counts forwards and commits)."""
 
 
-def decode_block(context: BlockContext, block: torch.Tensor, decoder: Decoder) -> torch.Tensor:
-    """Steps of `decoder` until no active row of block (B, L) has a mask left; the final block.
+def decode_block(context: BlockContext, block: torch.Tensor, decoder: Decoder,
+                 left: int) -> tuple[torch.Tensor, bool]:
+    """Steps of `decoder` until no active row of block (B, L) has a mask left: (the final
+    block, whether a row goes on after it).
 
-    Every step reveals at least one position of each row that has one, so L steps suffice.
-    The backbone step on the block's state comes from the previous step when the mode ran
-    it (speculative verification), else from one denoise forward.
+    `left`, the most masked positions an active row has, is known at the start. After a
+    step the step says what is left, or the driver reads it together with the stop check
+    (`BlockContext.progress`): the one host read per step. Every step reveals at least one
+    position of each row that has one, so L steps suffice (one more: a step that only finds
+    the block done). The backbone step on the block's state comes from the previous step
+    when the mode ran it (speculative verification), else from one denoise forward.
     """
-    schedule = context.schedule
-    base = None
-    for index in range(schedule.block_size):
-        eligible = context.eligible(block)  # (B, L)
-        if not bool(eligible.any()):  # the one host check per step
+    schedule, base, going = context.schedule, None, None
+    for index in range(schedule.block_size + 1):
+        if left == 0:
             break
+        eligible = context.eligible(block)  # (B, L)
         if base is None:
             base = context.denoise(block)
         rows = BlockRows(tokens=block, eligible=eligible, positions=context.positions)
-        outcome: Advance = decoder.step(context, Step(index, schedule.quota(index), rows, base))
+        outcome: Advance = decoder.step(context, Step(index, schedule.quota(index), rows, base,
+                                                      left))
         context.counters.add_commits(eligible & (outcome.tokens != block))
-        block, base = outcome.tokens, outcome.base
-    return block
+        block, base, left, going = outcome.tokens, outcome.base, outcome.left, outcome.going
+        if left is None and not outcome.go_on:
+            left, going = context.progress(block).tolist()  # the one host read per step
+    if going is None:
+        going = context.still_active(block).any()  # a step knew the block was done
+    return block, bool(going)
 
 
 @dataclass
@@ -323,23 +359,24 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     prompt_ends = (layout.pads + layout.lengths).to(device)  # (B,) first generated slot
     end_slots = prompt_ends + config.max_new_tokens  # (B,)
     stop_ids = torch.tensor(schedule.stop_token_ids, dtype=torch.long, device=device)
+    stops = Stops(prompt_ends, end_slots, stop_ids)
     active = torch.arange(batch, device=device) < len(prompts)  # (B,) bool
     finished = None  # the previous block, stored by the next block's first forward
+    left = L - min(len(p) % L for p in prompts)  # masks of the first block
     for index in range(layout.num_blocks):
         start = layout.prefix_slots + index * L
         block_positions = positions[:, start:start + L].contiguous()  # (B, L)
         context = BlockContext(model, cache, schedule, start, block_positions, key_valid, active,
-                               counters, head, bucket=caches)
+                               counters, stops, head, bucket=caches)
         if head is not None:
             head.begin(start, block_positions)
         block = tokens[:, start:start + L].clone()  # (B, L)
         if finished is not None:
             context.store_and_denoise(finished, block)
-        finished = decode_block(context, block, decoder)
+        finished, going = decode_block(context, block, decoder, left)
         tokens[:, start:start + L] = finished
-        generated = torch.arange(start, start + L, device=device)[None] >= prompt_ends[:, None]
-        active = active & ~finished_rows(finished, generated, end_slots, start + L, stop_ids)
-        if not bool(active.any()):  # the one host sync per block
+        active, left = context.still_active(finished), L  # a later block: L masks a row
+        if not going:  # read with the block's last step
             break
     if head is not None:
         counters.stats.head_forwards = head.steps

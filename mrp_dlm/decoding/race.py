@@ -91,8 +91,10 @@ def token_keys(seed: int | torch.Tensor, positions: torch.Tensor,
                draw: torch.Tensor) -> torch.Tensor:
     """The key (B, L) int64 of each position's draws: seed an int or (B,), positions (B, L),
     draw (B,) (`sampling.draw_index`)."""
-    seed = torch.as_tensor(seed, dtype=torch.long, device=positions.device)
-    key = mix32((mix32(seed & MASK32) + draw.long() * 0x85EBCA77) & MASK32)  # () or (B,)
+    if isinstance(seed, torch.Tensor):
+        seed = seed.to(device=positions.device, dtype=torch.long)  # (B,)
+    # an int seed stays a host number: no copy to the device, which an accelerator waits for
+    key = mix32((mix32(seed & MASK32) + draw.long() * 0x85EBCA77) & MASK32)  # (B,)
     return mix32((positions.long() * 0xC2B2AE3D + key.expand(positions.shape[0])[:, None])
                  & MASK32)  # (B, L)
 

@@ -14,8 +14,10 @@ Each step:
     keep     the reveals ranked before the first one that is no longer above τ.
 
 A step keeps at least its first reveal, and every trusted one. With a head that predicts no
-change this is dynamic decoding at the same τ. Sizing the head pass is the step's one host
-sync (`nonzero`). docs/design.md ("Remask rules") says why and what was measured.
+change this is dynamic decoding at the same τ. Where host reads are free (a CPU) the head pass
+is sized by the checks (one read); an accelerator sizes it for every reveal after a row's
+first (static shapes, no read; the driver's read after the step is the only one).
+docs/design.md ("Remask rules") says why and what was measured.
 
 Shapes: B batch, L block size, H hidden, V vocab, N reveals checked in the batch.
 """
@@ -28,7 +30,7 @@ from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import Proposal, draw_index, propose, token_confidence
 from mrp_dlm.decoding.selection import keep_consistent_prefix, rank_positions, select_dynamic
-from mrp_dlm.decoding.step import Advance, BackboneStep, Step, Vetoing
+from mrp_dlm.decoding.step import Advance, BackboneStep, Step, Vetoing, reads_free
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import MRPHead
 
@@ -73,14 +75,20 @@ class RemaskDecoder(Vetoing):
         confidence = proposal.confidence  # (B, L)
         checked = (commit & (confidence > threshold) & (confidence <= TRUSTED_CONFIDENCE)
                    & (rank > 0))  # (B, L)
-        row, at = checked.nonzero(as_tuple=True)  # (N,) each: the step's one host sync
-        confirmed = torch.ones_like(commit)  # (B, L)
-        if row.numel():
-            recheck_blocks = build_recheck_blocks(block, proposal, commit, rank, row, at)  # (N, L)
-            rescored = self.recheck(context, recheck_blocks, base, row, at,
-                                    proposal.tokens[row, at])
-            confirmed[row, at] = rescored > threshold
-        return keep_consistent_prefix(commit, rank, confirmed)
+        B, L = commit.shape
+        count = checked.sum()  # ()
+        # N: the checks (a host read where free) or, on an accelerator, every reveal after a
+        # row's first (static; the entries past `count` repeat the first check's, unused)
+        N = int(count) if reads_free(commit.device) else B * (L - 1)
+        if N == 0:
+            return commit
+        row, at = torch.nonzero_static(checked, size=N, fill_value=0).unbind(1)  # (N,) each
+        recheck_blocks = build_recheck_blocks(block, proposal, commit, rank, row, at)  # (N, L)
+        rescored = self.recheck(context, recheck_blocks, base, row, at, proposal.tokens[row, at])
+        used = torch.arange(N, device=commit.device) < count  # (N,)
+        failed = torch.zeros(B * L, dtype=torch.long, device=commit.device).scatter_add_(
+            0, row * L + at, (used & (rescored <= threshold)).long())  # (B*L,)
+        return keep_consistent_prefix(commit, rank, failed.view(B, L) == 0)
 
     def step(self, context: BlockContext, step: Step) -> Advance:
         rows = step.rows

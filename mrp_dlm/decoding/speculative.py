@@ -4,13 +4,14 @@ backbone verifies; the output is the threshold rule's (`--mode dynamic --thresho
 
 One round (`SpeculativeDecoder.step`, one step of the driver's loop), from the backbone's
 logits A on the block state S_0 (the seed):
+- look: S_1 = the rule's step on A; the round's one host read (what is left of S_0, S_1);
 - plan: the later drafts' sources and the candidate set size (`drafting.DraftPlanner`);
-- draft: S_1 = the rule's step on A; each later state the rule's step on A + sum C after
-  one more head step (HEAD) or on A itself (SELF), on the positions still masked (`draft`);
-- verify: one backbone forward over S_1 .. S_v side by side;
-- accept: S_{j+1} stands while it equals the rule's step on S_j (`count_accepted`); the
-  block becomes the last accepted S_n, whose verify slice seeds the next round;
-- record: the verdicts to the planner (`record_verdicts`), the counts to `DecodeStats`.
+- draft: each later state the rule's step on A + sum C after one more head step (HEAD) or
+  on A itself (SELF), on the positions still masked (`draft`);
+- verify: one backbone forward over S_1 .. S_v side by side; accept: S_{j+1} stands while
+  it equals the rule's step on S_j (`count_accepted`); the block becomes the last accepted
+  S_n, whose verify slice seeds the next round;
+- record: the verdicts to the planner (read by the next look), the counts to `DecodeStats`.
 A sampled step draws with the state's own key (`sampling.draw_index`), so a draft on S_j
 draws what the verifier's step on S_j draws. docs/design.md walks the round, beside the
 SGLang plugin's, which shares `draft`, `rule_steps`, `count_accepted` and `record_verdicts`.
@@ -21,7 +22,7 @@ m <= K + 1 drafted states, v <= m verified, D = m - 1 later drafts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -35,7 +36,7 @@ from mrp_dlm.decoding.head_cache import HeadSteps
 from mrp_dlm.decoding.sampling import Proposal, draw_index, propose
 from mrp_dlm.decoding.selection import Rule, select_dynamic, threshold_pick
 from mrp_dlm.decoding.stats import DecodeStats
-from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
+from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step, reads_free, revealing
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
@@ -64,14 +65,12 @@ def count_accepted(states: torch.Tensor, valid: torch.Tensor, steps: torch.Tenso
 
 
 def record_verdicts(planner: DraftPlanner, sources: tuple[str, ...], accepted: torch.Tensor,
-                    valid: torch.Tensor, rescue: Rescue | None = None,
-                    advanced: torch.Tensor | None = None) -> torch.Tensor:
+                    valid: torch.Tensor) -> torch.Tensor:
     """Give the planner one round's verdicts (`DraftPlanner.observe`); returns the later
     drafts accepted per chain (B,). accepted: (B,) from `count_accepted`; valid: (B, M) of
-    the same chains, whose later states came from `sources` (M - 1 entries); rescue,
-    advanced: the library's alternatives found and rule steps advanced per row."""
+    the same chains, whose later states came from `sources` (M - 1 entries)."""
     later = (accepted - 1).clamp_min(0)  # (B,)
-    planner.observe(sources, later, valid[:, 1:], rescue, advanced)
+    planner.observe(sources, later, valid[:, 1:])
     return later
 
 
@@ -101,13 +100,13 @@ class Drafter:
     def proposal(self, logits: torch.Tensor, state: torch.Tensor,
                  positions: torch.Tensor) -> Proposal:
         """The rule's proposal on logits (B, L, V) for `state`'s draw key."""
-        mask_token_id = self.rule.mask_token_id
-        return propose(logits, mask_token_id, self.rule.sampling, positions,
-                       draw_index(state, mask_token_id))
+        mask = self.rule.mask_token_id
+        return propose(logits, mask, self.rule.sampling, positions, draw_index(state, mask))
 
 
 def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[str, ...],
-          alternatives: bool = False) -> Drafts:
+          alternatives: bool = False, on_seed: Proposal | None = None,
+          most: int | None = None) -> Drafts:
     """Draft 1: the rule's step on the seed logits A; then one draft per entry of `sources`,
     none once no row has a masked position left. HEAD: a head step on the drafts so far,
     then the rule's step on A + sum C; SELF: the rule's step on A itself (no head forward).
@@ -115,14 +114,20 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
     that state's draw key, as the verifier's step on it is. `alternatives`: each later
     draft's alternatives too (`candidates.alternatives`, no forward).
 
-    seed: the backbone on rows.tokens. Runs one head step per HEAD draft made (one host
-    check per draft).
+    seed: the backbone on rows.tokens; on_seed: the rule's proposal on it, if the caller
+    has it. most: the most masked positions a row has after draft 1, if the host knows it:
+    every draft reveals one at least, so min(D, most) later drafts and no host check (one
+    that finishes early leaves the rest revealing nothing, never accepted); None: one host
+    check per draft stops the chain where it finishes. One head step per HEAD draft made.
     """
     accumulator, state, eligible = seed.hidden, rows.tokens, rows.eligible
     threshold = drafter.rule.threshold
+    if most is not None:
+        sources = sources[:most]
     # The rule's proposal on A for S_0's draw key; greedy proposals ignore the key, so every
     # greedy self-draft reuses it (a sampled one draws anew with its own state's key).
-    on_seed = drafter.proposal(seed.logits, state, rows.positions)
+    if on_seed is None:
+        on_seed = drafter.proposal(seed.logits, state, rows.positions)
 
     def on_seed_at(state: torch.Tensor) -> Proposal:
         """The rule's proposal on A for `state`'s draw key."""
@@ -148,7 +153,7 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
         valid.append(commit.any(dim=1))
         made.append(source)
         eligible = eligible & ~commit
-        finished = not bool(eligible.any())
+        finished = len(made) == most + 1 if most is not None else not bool(eligible.any())
         if finished:
             break
     return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished,
@@ -236,23 +241,44 @@ class RoundCounts:
         """A verified round: later (B,) drafts accepted after the first, of D = `sources`
         later drafts that revealed a position where valid (B, D); rescued (B,) int64."""
         counted = valid[:, 0]  # (B,) rows that ran a round
-        self.histogram += torch.bincount((later + rescued)[counted],
-                                         minlength=self.histogram.shape[0])
+        self.histogram.scatter_add_(0, later + rescued, counted.long())  # no host read
         depth = torch.arange(len(sources), device=valid.device)  # (D,)
         stood = valid & (depth[None] < later[:, None])  # (B, D)
-        index = torch.tensor([SOURCES.index(s) for s in sources], device=valid.device)  # (D,)
-        self.drafts.index_add_(0, index, torch.stack((valid.sum(dim=0), stood.sum(dim=0)),
-                                                     dim=1))  # (D, 2) into (2, 2)
+        per_depth = torch.stack((valid.sum(dim=0), stood.sum(dim=0)), dim=1)  # (D, 2)
+        for d, source in enumerate(sources):  # host-known sources: no index tensor to copy
+            self.drafts[SOURCES.index(source)] += per_depth[d]
         self.rescued += rescued.sum()
 
     def stats(self) -> DecodeStats:
-        histogram = self.histogram.tolist()
-        (head, head_accepted), (own, own_accepted) = self.drafts.tolist()
+        values = torch.cat((self.histogram, self.drafts.flatten(), self.rescued[None])).tolist()
+        histogram, rescued = values[:-5], values[-1]  # one host read per call
+        head, head_accepted, own, own_accepted = values[-5:-1]
         return DecodeStats(rounds=sum(histogram),
                            accepted=sum(i * n for i, n in enumerate(histogram)),
                            accept_histogram=histogram, head_drafts=head,
                            head_drafts_accepted=head_accepted, self_drafts=own,
-                           self_drafts_accepted=own_accepted, rescued=int(self.rescued))
+                           self_drafts_accepted=own_accepted, rescued=rescued)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A verified round's verdicts for the planner, on the device until the next look."""
+
+    sources: tuple[str, ...]
+    record: torch.Tensor  # `DraftPlanner.record`, with the alternatives' hits if `hits`
+    hits: bool
+
+
+@dataclass(frozen=True)
+class Look:
+    """What the host knows before a round's plan (`SpeculativeDecoder.look`)."""
+
+    left: int  # the most masked positions an active row has
+    first: int  # the same after draft 1, the rule's own step
+    going: bool | None = None  # a row goes on after the block, were it done now
+    first_going: bool | None = None  # the same after draft 1
+    realized: int | None = None  # the lockstep block before's steps, read at a block's start
+    read: bool = True  # the look read from the device (its queue is empty after it)
 
 
 class SpeculativeDecoder:
@@ -265,6 +291,7 @@ class SpeculativeDecoder:
         self.planner = DraftPlanner(config.lookahead, config.adaptive, head is not None)
         self.sampling = sampling_of(config)
         self.counts: RoundCounts | None = None  # this call's, from its first verified round
+        self.pending: Pending | None = None  # the last verified round's, for the planner
 
     @property
     def copies(self) -> int:
@@ -284,30 +311,57 @@ class SpeculativeDecoder:
         rows = step.rows
         B, L = rows.tokens.shape
         rule = Rule(context.schedule.mask_token_id, self.config.threshold, self.sampling)
-        plan = self.planner.plan(B, (context.width - context.start) // L, step.index == 0)
-        if not plan.sources and plan.probe is None:  # the rule's own step, as the rule runs
-            self.planner.observe((), advanced=rows.eligible.any(dim=1))  # it (no host check:
-            return Advance(rule_steps(  # the driver denoises the result next)
-                step.base.logits, rows.tokens, rows.eligible, rows.positions, rule))  # (B, L)
+        drafter = Drafter(context.head, context.model, rule)
+        on_seed = drafter.proposal(step.base.logits, rows.tokens, rows.positions)  # on A
+        first = rule_step(on_seed, rows.tokens, rows.eligible, rule.threshold)  # S_1 (B, L)
+        look = self.look(context, step, first)
+        if look.left == 0:  # a verified round's block had nothing left
+            return Advance(rows.tokens, step.base, left=0, going=look.going)
+        plan = self.planner.plan(B, (context.width - context.start) // L, step.index == 0,
+                                 look.realized)
         timer = Timer(rows.tokens.device, plan.timed)
-        timer.start()
-        drafts = draft(Drafter(context.head, context.model, rule), step.base, rows,
-                       plan.sources, plan.alternatives)
-        draft_seconds = timer.stop()
+        timer.start(drained=look.read)
+        most = None if reads_free(rows.tokens.device) else look.first
+        drafts = draft(drafter, step.base, rows, plan.sources, plan.alternatives, on_seed, most)
+        draft_seconds = timer.lap()
         m, v = drafts.states.shape[1], drafts.verified
         if v == 0 or (m == 1 and plan.probe is None):  # no later draft: the rule's own step,
             self.planner.observe((), advanced=drafts.valid[:, 0])  # as the rule runs it (the
-            return Advance(drafts.states[:, 0])  # driver denoises next)
-        timer.start()
+            return Advance(first, left=look.first, going=look.first_going)  # driver denoises)
         verdict = self.verify(context, step, drafts, plan.size, rule)
         if plan.timed:
-            self.planner.time(B, timer.stop(), verdict.copies, drafts.sources, draft_seconds,
+            self.planner.time(B, timer.lap(), verdict.copies, drafts.sources, draft_seconds,
                               plan.size)
-        later = record_verdicts(self.planner, drafts.sources, verdict.accepted, drafts.valid,
-                                verdict.rescue, verdict.accepted + verdict.rescued)
+        later = (verdict.accepted - 1).clamp_min(0)  # (B,) later drafts accepted
+        self.planner.advance_block(drafts.sources, verdict.accepted + verdict.rescued)
+        record = self.planner.record(drafts.sources, later, drafts.valid[:, 1:], verdict.rescue)
+        if record is not None:  # read with the next step's look
+            self.pending = Pending(drafts.sources, record, verdict.rescue is not None)
         if m > 1:
             self.count(drafts.sources, later, drafts.valid[:, 1:], verdict.rescued)
-        return verdict.advance
+        return replace(verdict.advance, go_on=True)  # the next step reads what is left
+
+    def look(self, context: BlockContext, step: Step, first: torch.Tensor) -> "Look":
+        """What the host knows before the plan; where it does not, the round's one host read:
+        what is left of the block and of draft 1, `first` (B, L), with the stop check of
+        each (`BlockContext.progress`), the last round's verdicts, at a block's start the
+        block before's steps (`DraftPlanner.block_steps`). None at τ = 1 with the block
+        known: draft 1 reveals one position per row."""
+        left = step.left
+        after = revealing(left, 1) if self.config.threshold >= 1.0 else None
+        steps = self.planner.block_steps() if step.index == 0 else None
+        if left is not None and after is not None and self.pending is None and steps is None:
+            return Look(left, after, read=False)
+        pending, self.pending = self.pending, None
+        parts = [context.progress(step.rows.tokens), context.progress(first)]
+        parts += [steps[None]] if steps is not None else []
+        parts += [pending.record] if pending is not None else []
+        values = torch.cat(parts).tolist()  # the round's one host read
+        if pending is not None:
+            self.planner.add_record(pending.sources, values[4 + (steps is not None):],
+                                    pending.hits)
+        return Look(values[0], values[2], bool(values[1]), bool(values[3]),
+                    values[4] if steps is not None else None)
 
     def count(self, sources: tuple[str, ...], later: torch.Tensor, valid: torch.Tensor,
               rescued: torch.Tensor) -> None:

@@ -3,10 +3,14 @@ every mode share (the `Decoder` protocol a mode implements is the driver's).
 
 A mode differs from another only in its decoder's `step`: given the block, the positions it
 may reveal and the backbone's logits and hidden states on the block (`base`), it returns the
-block after this step's reveals. Everything around the step (the loop, the one host check
-per step, the first backbone forward, counting forwards and reveals) is the driver's; what
-only a mode counts (drafts, vetoes), the decoder counts and returns
-(`driver.Decoder.stats`).
+block after this step's reveals. Everything around the step (the loop, the first backbone
+forward, counting forwards and reveals) is the driver's; what only a mode counts (drafts,
+vetoes), the decoder counts and returns (`driver.Decoder.stats`).
+
+Host reads: what is left of a block (`Step.left`, `Advance.left`) is host knowledge. A step
+that knows it without looking (a rule that reveals a known number) says so; else the driver
+reads it after the step, with its stop check: one read per step, and a step that reads
+anyway (to size its own work) carries both in that one read (docs/design.md, "Host reads").
 
 Deliberately not here: the loop itself (see `driver.py`) and any commit rule (see
 `selection.py`).
@@ -20,6 +24,16 @@ from dataclasses import dataclass
 import torch
 
 from mrp_dlm.decoding.stats import DecodeStats
+
+# Device types whose host reads drain no queue (a CPU computes in order, on the caller's
+# thread): there a step may read once more to save work (the drafting chain's stop). Tests
+# empty it to count what an accelerator reads.
+HOST_READS_FREE = frozenset({"cpu"})
+
+
+def reads_free(device: torch.device) -> bool:
+    """Whether a host read on `device` costs no more than the work it may save."""
+    return device.type in HOST_READS_FREE
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,8 @@ class Step:
     quota: int  # n_s, how many positions the base rule commits at this step
     rows: BlockRows  # the block before this step
     base: BackboneStep  # the backbone on rows.tokens
+    left: int | None = None  # the most eligible positions a row has (> 0), if the host
+    # knows it; None: unknown (a step that depends on it reads it)
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,18 @@ class Advance:
 
     tokens: torch.Tensor  # (B, L) the block after this step's reveals
     base: BackboneStep | None = None  # the backbone on `tokens`, if the step already ran it
+    left: int | None = None  # the most eligible positions a row of `tokens` has, if the
+    # step knows it on the host; None: the driver reads it, unless `go_on`
+    going: bool | None = None  # where left == 0: whether a row goes on after the block
+    # (None: the driver reads it)
+    go_on: bool = False  # left is None, yet the driver calls the next step without a read:
+    # a row surely has a masked position, or the decoder's next step reads what is left
+
+
+def revealing(left: int | None, count: int) -> int | None:
+    """What is left after a step that reveals `count` positions of each row that has as
+    many (fewer where fewer are left), when `left` is known."""
+    return None if left is None else max(left - count, 0)
 
 
 class Uncounted:

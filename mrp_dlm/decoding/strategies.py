@@ -1,7 +1,10 @@
 """The reference strategies: static, dynamic, sequential and entropy-bounded denoising.
 
 One step, propose -> select -> commit, that differs between strategies only in the commit
-rule. Each step costs one backbone forward (the driver runs it and the loop).
+rule. Each step costs one backbone forward (the driver runs it and the loop). Static and
+sequential reveal a known number per step, so the host knows what is left without a read
+(the driver reads only at the block's end); dynamic and entropy leave it to the driver's
+one read per step.
 
 Shapes: B batch, L block size, V vocab.
 """
@@ -15,7 +18,7 @@ from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import Proposal, SamplingConfig, draw_index, propose
 from mrp_dlm.decoding.selection import (select_dynamic, select_entropy_bounded, select_sequential,
                                         select_static)
-from mrp_dlm.decoding.step import Advance, Step, Uncounted
+from mrp_dlm.decoding.step import Advance, Step, Uncounted, revealing
 
 
 def sampling_of(config: DecodeConfig) -> SamplingConfig:
@@ -37,6 +40,9 @@ def select(config: DecodeConfig, proposal: Proposal, eligible: torch.Tensor,
     raise ValueError(f"no commit rule for mode {config.mode!r}")
 
 
+COUNTED = ("static", "sequential")  # rules that reveal exactly the quota (fewer if fewer left)
+
+
 class StrategyDecoder(Uncounted):
     """Step of the four reference strategies."""
 
@@ -53,4 +59,5 @@ class StrategyDecoder(Uncounted):
         proposal = propose(step.base.logits, mask_token_id, self.sampling, rows.positions,
                            draw_index(rows.tokens, mask_token_id), self.config.mode == "entropy")
         commit = select(self.config, proposal, rows.eligible, step.quota)  # (B, L)
-        return Advance(torch.where(commit, proposal.tokens, rows.tokens))
+        left = revealing(step.left, step.quota) if self.config.mode in COUNTED else None
+        return Advance(torch.where(commit, proposal.tokens, rows.tokens), left=left)

@@ -10,10 +10,11 @@ Per denoising step of a block:
              whose every proposal is vetoed keeps the one of smallest |C|;
     commit   the survivors; vetoed positions stay masked and compete again next step.
 
-The head never commits a token; a step where no row has two proposals runs no head forward
-(`DecodeStats.head_skips`: a lone proposal survives either way). As the official loop, the
-head sees its block alone, and the rule needs steps == block_size (`DecodeConfig.resolve`).
-`veto_step` is the one definition of the step. docs/design.md ("Remask rules") has more.
+The head never commits a token; a step where no row has two proposals needs no head forward
+(a lone proposal survives either way): a CPU skips it (`DecodeStats.head_skips`), an
+accelerator runs it rather than wait to ask. As the official loop, the head sees its block
+alone; the rule needs steps == block_size. `veto_step` is the one definition of the step.
+docs/design.md ("Remask rules") has more.
 
 Deliberately not here: the chain rule (see `remask.py`), the dynamic proposal itself (see
 `selection.threshold_pick`).
@@ -32,7 +33,7 @@ from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.sampling import GREEDY, SamplingConfig
 from mrp_dlm.decoding.selection import Rule, threshold_pick
-from mrp_dlm.decoding.step import Advance, Step, Vetoing
+from mrp_dlm.decoding.step import Advance, Step, Vetoing, reads_free
 from mrp_dlm.decoding.strategies import sampling_of
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
@@ -61,20 +62,24 @@ class Veto:
     tokens: torch.Tensor  # (B, L) the block after the survivors are committed
     proposed: torch.Tensor  # (B, L) bool, the dynamic rule's proposals
     kept: torch.Tensor  # (B, L) bool, the survivors
-    head_ran: bool  # False: no row had two proposals, so no head forward was needed
+    head_ran: bool  # False: no row had two proposals, so the head forward was skipped
 
 
 def veto_step(residual: Residual, backbone: HeadBackbone, step: Step, threshold: float,
               delta: float, sampling: SamplingConfig = GREEDY) -> Veto:
     """One step of the paper's rule on the block before it (see the module docstring).
 
-    One host sync: does any row have two proposals? The head then runs on every row (static
-    shapes); a row with fewer proposals keeps them either way.
+    The head runs on every row (static shapes); a row with fewer than two proposals keeps
+    them either way (`veto_unstable` keeps a row's last proposal). So where a host read is
+    free (`step.reads_free`) one asks first whether any row has two proposals, and skips
+    the head where none has; an accelerator runs it without asking.
     """
     rows, mask_token_id = step.rows, backbone.config.mask_token_id
     proposed, tokens = threshold_pick(step.base.logits, rows.tokens, rows.eligible,
                                       rows.positions, Rule(mask_token_id, threshold, sampling))
-    kept, contested = proposed, bool((proposed.sum(dim=1) > 1).any())
+    kept, contested = proposed, True
+    if reads_free(proposed.device):
+        contested = bool((proposed.sum(dim=1) > 1).any())
     if contested:
         residual_logits = backbone.logits(residual(rows.tokens, step.base.hidden))  # (B, L, V)
         at_token = residual_logits.gather(-1, tokens[..., None])[..., 0]  # (B, L)
