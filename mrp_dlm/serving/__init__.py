@@ -10,6 +10,7 @@
   sampling.py        per-request temperature / top-k / top-p / seed of a batch
   head_host.py       the head on an SGLang model's shared weights, fingerprint-checked
   head_pool.py       the head's keys of earlier blocks: a pool by KV slot, the head's steps
+  head_attention.py  the head's layers reading that pool in place, a chunk at a time
   head_tp.py         the head split over tensor-parallel ranks
   moe_cpu.py         the library's sparse MLP on SGLang's MoE tensors (CPU without kernels)
   sdar_config.py     model_types `sdar` and `sdar_moe` for transformers

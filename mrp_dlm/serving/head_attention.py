@@ -118,6 +118,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: LayerPool,
     return softmax.result().reshape(R, nh, L, hd).to(q.dtype)
 
 
+@torch.no_grad()  # serving: never trained, and the pool is written in place
 def head_residual(head: MRPHead, host: HeadBackbone, tokens: torch.Tensor,
                   hidden_in: torch.Tensor, positions: torch.Tensor, pools: list[LayerPool],
                   prefix: PrefixChunks, chunk: int = PREFIX_CHUNK) -> torch.Tensor:

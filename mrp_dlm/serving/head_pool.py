@@ -33,7 +33,7 @@ from mrp_dlm.model.head import HeadBackbone, MRPHead
 from mrp_dlm.serving.head_attention import PREFIX_CHUNK, LayerPool, head_residual
 from mrp_dlm.serving.head_tp import kv_heads_of
 from mrp_dlm.serving.sglang_forward import (block_positions, kv_slot_count, prefix_lengths,
-                                            request_rows, request_slots)
+                                            request_rows, request_slots, served_model)
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,23 @@ class HeadPool:
                  "x %d head dim x %s) = %.1f MiB", slots, per_token, head.config.num_layers,
                  nkv, cfg.head_dim, weight.dtype, slots * per_token / 2**20)
         return pool
+
+
+POOL_ATTRIBUTE = "mrp_head_pool"  # the served model's HeadPool, once allocated
+
+
+def attach_pool(model_runner: Any) -> Optional[HeadPool]:
+    """The served model's head pool, allocated now if it has none (the plugin's hook does
+    so right after SGLang allocates its KV pool); None for a model without a head."""
+    model = served_model(model_runner)
+    head = getattr(model, "mrp_head", None)
+    if head is None:
+        return None
+    pool = getattr(model, POOL_ATTRIBUTE, None)
+    if pool is None:
+        pool = HeadPool.for_runner(model_runner, head)
+        setattr(model, POOL_ATTRIBUTE, pool)
+    return pool
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ requests x prefix x kv heads x head dim, keys and values) shows as growth here.
 from __future__ import annotations
 
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -174,3 +175,64 @@ def serving_residual(model, head, tokens, hidden, lengths: list[int], chunk: int
     block_hidden = torch.stack([hidden[r, P:P + L] for r, P in enumerate(lengths)])
     return HeadContext(pool, head, model, prefix, positions, chunk).residual(block,
                                                                              block_hidden)
+
+
+def test_the_head_pool_is_allocated_with_the_kv_pool_and_counted_in_its_cell_size(
+        tmp_path, monkeypatch):
+    """Through SGLang's own hook registry, on its own `ModelRunner.alloc_memory_pool` (the
+    KV pool only: SGLang's scheduler initialises attention backends and captures graphs
+    after it returns): the head pool exists when it returns, a row per KV slot, and its
+    bytes per slot are what the cell-size hook adds to SGLang's per-token KV size."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    import mrp_dlm.serving.sglang_process as door
+    from fake_engine import FakeRunner
+    from mrp_dlm.serving.head_pool import POOL_ATTRIBUTE
+    from test_algorithms import host_of_model, saved_head
+
+    model, head = two_layer_head()
+    yaml = tmp_path / "mrp.yaml"
+    yaml.write_text(f"head: {saved_head(tmp_path, model, head)}\n")
+    monkeypatch.setattr(door, "served_algorithm", lambda: ("MrpSpeculative", str(yaml)))
+    monkeypatch.setattr(door, "tensor_parallel_size", lambda: 1)
+    target = "sglang.srt.model_executor.model_runner.ModelRunner.alloc_memory_pool"
+    assert door.HOOKS[target] == (door.after_alloc_memory_pool, "AFTER")
+    monkeypatch.setattr(HookRegistry, "_hooks", {target: []})
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    monkeypatch.setattr(ModelRunner, "alloc_memory_pool", ModelRunner.alloc_memory_pool)
+    HookRegistry.register(target, door.after_alloc_memory_pool, HookType.AFTER)
+    HookRegistry.apply_hooks()
+
+    fake = FakeRunner(model, L, slots=64, model_parts=SimpleNamespace(
+        mrp_host=host_of_model(model), mrp_head=head))
+    runner = stub_model_runner(ModelRunner, fake)
+    assert getattr(fake.model, POOL_ATTRIBUTE, None) is None
+    runner.alloc_memory_pool()
+    pool = getattr(fake.model, POOL_ATTRIBUTE)
+    assert pool.slots == 64 + 1  # every slot id the allocator hands out (size + page size)
+    config = SimpleNamespace(get_num_kv_heads=lambda tp: 2, head_dim=model.config.head_dim,
+                             dtype=torch.float32)
+    cell = door.after_cell_size(1000, None, SimpleNamespace(is_draft_worker=False,
+                                                            model_config=config))
+    assert cell - 1000 == (pool.keys.nbytes + pool.values.nbytes) // pool.slots > 0
+    runner.alloc_memory_pool()  # again (a re-allocation): the same pool
+    assert getattr(fake.model, POOL_ATTRIBUTE) is pool
+
+
+def stub_model_runner(model_runner_class, fake):
+    """A ModelRunner (SGLang's class, not initialised) whose KV configurator hands back the
+    fake runner's pools, so that its own `alloc_memory_pool` runs."""
+    runner = object.__new__(model_runner_class)
+    pools = SimpleNamespace(max_total_num_tokens=64, max_running_requests=8,
+                            req_to_token_pool=fake.req_to_token_pool, token_to_kv_pool=None,
+                            token_to_kv_pool_allocator=fake.token_to_kv_pool_allocator,
+                            memory_pool_config=None, unified_memory_pool=None)
+    configurator = SimpleNamespace(configure=lambda **kwargs: pools)
+    runner.__dict__.update(
+        model=fake.model, is_draft_worker=False, is_hybrid_swa=False,
+        pre_model_load_memory=0, memory_pool_config=None,
+        init_kv_cache_configurator=lambda layout: setattr(runner, "kv_cache_configurator",
+                                                          configurator),
+        _init_post_memory_pool_components=lambda: None)
+    return runner
