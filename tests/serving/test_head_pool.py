@@ -36,7 +36,8 @@ def storage(tensor: torch.Tensor) -> int:
 
 
 class LiveBytes(TorchDispatchMode):
-    """Peak bytes of the tensors operators create while the mode is on (views and in-place results excluded)."""
+    """Peak bytes of the tensors operators create while the mode is on (views and in-place
+    results excluded)."""
 
     def __init__(self) -> None:
         super().__init__()
