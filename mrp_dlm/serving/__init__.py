@@ -19,6 +19,7 @@
   request_defaults.py  --preferred-sampling-params for what OpenAI requests leave out
   serve_config.py    what `mrp serve` takes (ServeConfig), light to import
   launch.py          ServeConfig -> the SGLang command, environment and YAML
+  attention_backend.py  which attention backend `mrp serve` asks SGLang for, and why
   process.py         check its port, start it, wait until it answers, stop its whole tree
   server.py          SGLang's main process (`python -m mrp_dlm.serving.server`)
   cpu_standins.py    import stand-ins that let SGLang start on a CPU-only machine

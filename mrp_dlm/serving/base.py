@@ -29,6 +29,7 @@ from typing import Any, Optional
 import torch
 
 from mrp_dlm.decoding.step import BackboneStep, BlockRows, Step
+from mrp_dlm.serving.attention_backend import MRP_BACKENDS
 from mrp_dlm.serving.config import MrpServingConfig, ServingConfigError
 from mrp_dlm.serving.head_pool import HeadContext, attach_pool, block_slots, request_context
 from mrp_dlm.serving.sglang_forward import (Answer, SGLangAlgorithm, block_ids,
@@ -47,6 +48,7 @@ class MrpAlgorithm(SGLangAlgorithm):
     them from its DllmConfig), so they keep SGLang's names; ours is `mask_token_id`."""
 
     supported_architectures = MRP_ARCHITECTURES
+    supported_attention_backends = MRP_BACKENDS  # SGLang keeps these with CUDA graphs on
     needs_head = True  # MrpSpeculative self-drafts without one
 
     def setup(self, algorithm_config: dict, fdfo: bool) -> None:
