@@ -273,7 +273,8 @@ def build_rows_batch(runner, forward_batch, reservations: list[Reservation],
             setattr(rows, name, value[owner.to(value.device)])
     if forward_batch.seq_lens_cpu is not None:
         rows.seq_lens_cpu = forward_batch.seq_lens_cpu[torch.tensor(owner_cpu)]
-        rows.seq_lens_sum = int(rows.seq_lens_cpu.sum())
+        lengths = forward_batch.seq_lens_cpu.tolist()  # SGLang's host copy: no device read
+        rows.seq_lens_sum = sum(lengths[i] for i in owner_cpu)
     for name in ROW_LISTS:
         value = getattr(forward_batch, name)
         if value is not None:
