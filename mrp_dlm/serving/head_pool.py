@@ -9,16 +9,17 @@ reports it done (`store`), batched over the requests done in that call.
 
 Row s of the pool holds the head's keys of the token whose backbone KV sits in slot s, so
 a prefix SGLang's radix cache hands to a new request brings its head keys along. The pool
-is allocated once from SGLang's token pool size; SGLang leaves room for it because the
-plugin adds its bytes to SGLang's per-token KV size (`head_bytes_per_token`, `plugin.py`).
-A head call gathers each request's earlier keys padded to the longest with masked slots
-(P), its block's keys after them: equal to the library's `HeadCache` up to float rounding.
+is allocated right after SGLang's KV pool, before its graph capture (`attach_pool`, the
+plugin's hook on `ModelRunner.alloc_memory_pool`), over every slot id; SGLang leaves room
+for it because the plugin adds its bytes to SGLang's per-token KV size
+(`head_bytes_per_token`, `plugin.py`). A head call reads each request's earlier keys in
+place, a chunk of slots at a time (`Prefix`, `head_attention.py`): no per-call copy.
 
-Deliberately not here: when a block is done or a head step runs (`direct.py`,
-`speculative.py`); the head's layers (`model/head.py`); SGLang's names (`sglang_forward.py`).
+Not here: when a block is done or a head step runs (`direct.py`, `speculative.py`); the
+head's layers (`head_attention.py`); SGLang's names (`sglang_forward.py`).
 
-Shapes: R requests of a call, P prefix slots (the longest request's), L block size,
-T tokens of a head call, S pool slots, nkv key/value heads, hd head dim, H hidden.
+Shapes: R requests of a call, P prefix slots (the longest request's), C a chunk of them,
+L block size, S pool slots, nkv key/value heads, hd head dim, H hidden.
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ command, its environment and the algorithm's YAML). It chooses:
   rule MrpSpeculative reproduces (SGLang's own default differs);
 - on a CPU the checkpoint's own dtype (`--dtype auto` would run a float32 checkpoint in
   float16), on CUDA bfloat16 (`config.dtype_for`);
-- an attention backend that takes the model's head_dim and dtype (`attention_backend.py`;
-  said in the startup line and logged);
+- an attention backend for the head_dim and dtype (`attention_backend.py`, said and logged);
 - on a CPU: `--device cpu`, SGLANG_USE_CPU_ENGINE=1, the import
   stand-ins (`cpu_standins.py`), a KV pool of at most CPU_MAX_RUNNING_REQUESTS contexts and
   CPU_KV_MEMORY_SHARE of the available memory (SGLang sizes it from the total memory), and
