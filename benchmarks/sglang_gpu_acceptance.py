@@ -4,11 +4,17 @@ Launches an SGLang server four times on one GPU, on the same prompts, greedy:
   baseline     LowConfidence at --threshold (default 0.9; 1.0: static decoding, one token
                per forward)
   speculative  MrpSpeculative, lookahead K (default 3), at the same threshold
-each with CUDA graphs on and off, all with --enable-deterministic-inference and
---attention-backend triton (a batch-invariant forward: bf16 results must not depend on
-which requests share a batch). Asserts that every speculative output equals the baseline
-output of the same graph setting, then prints a table (tokens per forward, tokens/s, wall
-time) and one JSON line last.
+each with CUDA graphs on and off, all with --enable-deterministic-inference (a
+batch-invariant forward: bf16 results must not depend on which requests share a batch) and
+the attention backend `mrp serve` would choose for bf16 and the model's head_dim
+(`mrp_dlm/serving/attention_backend.py`; the same for both algorithms, so SGLang overrides
+neither; --attention-backend to force one). The request table holds
+concurrency x (lookahead + 1) rows, so rows stay free for MrpSpeculative's verify copies
+(with the cap at the concurrency none is free, nothing drafts, and both runs would time
+LowConfidence). Asserts that every speculative output equals the baseline output of the
+same graph setting and that MrpSpeculative drafted in the timed batch (the plugin's stats
+line), then prints a table (tokens per forward, drafts, tokens/s, wall time) and one JSON
+line last, with the attention backend each server ran (its /server_info).
 
 Tokens per forward: output tokens / request forwards, where SGLang logs one
 "Prefill batch, #new-seq: n" line per dLLM forward of n requests (a verify forward's extra
@@ -57,6 +63,8 @@ PROMPTS = [
     "Find the remainder when 2^100 is divided by 7.",
 ]
 FORWARDS = re.compile(r"Prefill batch.*?#new-seq: (\d+)")
+DRAFT_ROUNDS = re.compile(r"\((\d+) rounds; drafts (\d+) head, (\d+) self\)")  # stats.py
+SDAR_HEAD_DIM = 128  # when the model's config.json is not on disk (a hub id)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,9 @@ class Run:
     seconds: float  # wall time of the whole batch of requests
     tokens: int  # output tokens over all prompts
     tokens_per_forward: float | None  # end to end, decode blocks
+    attention_backend: str  # what the server ran (its /server_info), "unknown" if unread
+    draft_rounds: int  # rounds that verified drafts in the timed batch (MrpSpeculative)
+    drafts: int  # drafts made for those rounds
 
     @property
     def tokens_per_second(self) -> float:
@@ -87,8 +98,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     parser.add_argument("--port", type=int, default=30100)
     parser.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds")
+    parser.add_argument("--attention-backend", default=None, help="default: `mrp serve`'s "
+                        "choice for bf16 and the model's head_dim")
     parser.add_argument("--extra-server-args", default="", help="appended to every launch")
     return parser.parse_args(argv)
+
+
+def request_rows(args: argparse.Namespace) -> int:
+    """--max-running-requests: each request in flight plus a verify copy per draft."""
+    return args.concurrency * (args.lookahead + 1)
+
+
+def head_dim_of(model: str) -> int:
+    config = Path(model).expanduser() / "config.json"
+    if not config.is_file():
+        return SDAR_HEAD_DIM
+    raw = json.loads(config.read_text())
+    return int(raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"])
+
+
+def attention_flags(args: argparse.Namespace, cuda_graph: bool) -> list[str]:
+    """The backend both algorithms run (graphs off when SGLang would override it)."""
+    from mrp_dlm.serving.attention_backend import choose_attention
+
+    if args.attention_backend:
+        return ["--attention-backend", args.attention_backend]
+    choice = choose_attention("cuda", "bfloat16", head_dim_of(args.model), cuda_graph, False)
+    return choice.flags("cuda")
+
+
+def draft_rounds(text: str) -> tuple[int, int]:
+    """(rounds, drafts) of the last stats line in `text` (cumulative per server)."""
+    found = DRAFT_ROUNDS.findall(text)
+    if not found:
+        return 0, 0
+    rounds, head, self_drafts = (int(n) for n in found[-1])
+    return rounds, head + self_drafts
+
+
+def find_key(value, key: str):
+    """The first value of `key` anywhere in a JSON value, else None."""
+    if isinstance(value, dict):
+        if key in value:
+            return value[key]
+        value = list(value.values())
+    if isinstance(value, list):
+        for item in value:
+            found = find_key(item, key)
+            if found is not None:
+                return found
+    return None
+
+
+def served_backend(args: argparse.Namespace) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/server_info",
+                                    timeout=30) as response:
+            return str(find_key(json.loads(response.read()), "attention_backend") or "unknown")
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+        return "unknown"
 
 
 def read_prompts(path: Path | None) -> list[str]:
@@ -102,8 +170,8 @@ def launch(args: argparse.Namespace, algorithm: str, config: Path, cuda_graph: b
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model,
                "--trust-remote-code", "--port", str(args.port),
                "--dllm-algorithm", algorithm, "--dllm-algorithm-config", str(config),
-               "--enable-deterministic-inference", "--attention-backend", "triton",
-               "--max-running-requests", str(args.concurrency), "--log-level", "info"]
+               "--enable-deterministic-inference", *attention_flags(args, cuda_graph),
+               "--max-running-requests", str(request_rows(args)), "--log-level", "info"]
     if not cuda_graph:
         command.append("--disable-cuda-graph")
     command += args.extra_server_args.split()
@@ -136,11 +204,16 @@ def generate(args: argparse.Namespace, prompt: str) -> list[int]:
     return answer["output_ids"]
 
 
-def tokens_per_forward(outputs: list[list[int]], log_path: Path, offset: int) -> float | None:
-    """Output tokens per request forward, from the log written after `offset` bytes."""
+def read_log(log_path: Path, offset: int) -> tuple[str, str]:
+    """(the log before `offset` bytes, the log after)."""
     with open(log_path, errors="replace") as handle:
-        handle.seek(offset)
-        forwards = sum(int(n) for n in FORWARDS.findall(handle.read()))
+        text = handle.read()
+    return text[:offset], text[offset:]
+
+
+def tokens_per_forward(outputs: list[list[int]], timed: str) -> float | None:
+    """Output tokens per request forward, from the timed part of the log."""
+    forwards = sum(int(n) for n in FORWARDS.findall(timed))
     return sum(len(ids) for ids in outputs) / forwards if forwards else None
 
 
@@ -150,6 +223,7 @@ def serve_once(args: argparse.Namespace, algorithm: str, config: Path, cuda_grap
     server = launch(args, algorithm, config, cuda_graph, log_path)
     try:
         wait_ready(args, server, log_path)
+        backend = served_backend(args)
         generate(args, prompts[0])  # warm-up, excluded from the timing
         time.sleep(1.0)  # let the warm-up's log lines land before the offset is taken
         offset = log_path.stat().st_size
@@ -163,8 +237,13 @@ def serve_once(args: argparse.Namespace, algorithm: str, config: Path, cuda_grap
             server.wait(timeout=120)
         except subprocess.TimeoutExpired:
             server.kill()
-    rate = tokens_per_forward(outputs, log_path, offset)
-    return Run(algorithm, cuda_graph, outputs, seconds, sum(len(o) for o in outputs), rate)
+    time.sleep(1.0)  # the last requests' stats lines
+    before, timed = read_log(log_path, offset)
+    (rounds_before, drafts_before), (rounds, drafts) = draft_rounds(before), draft_rounds(
+        before + timed)
+    return Run(algorithm, cuda_graph, outputs, seconds, sum(len(o) for o in outputs),
+               tokens_per_forward(outputs, timed), backend, rounds - rounds_before,
+               drafts - drafts_before)
 
 
 def write_configs(args: argparse.Namespace, workdir: Path) -> dict[str, Path]:
@@ -177,10 +256,12 @@ def write_configs(args: argparse.Namespace, workdir: Path) -> dict[str, Path]:
 
 
 def report(runs: list[Run], args: argparse.Namespace) -> None:
-    print(f"{'algorithm':<16}{'graphs':>7}{'tok/fwd':>9}{'tok/s':>9}{'seconds':>9}{'tokens':>8}")
+    print(f"{'algorithm':<16}{'graphs':>7}{'attention':>12}{'tok/fwd':>9}{'drafts':>8}"
+          f"{'tok/s':>9}{'seconds':>9}{'tokens':>8}")
     for run in runs:
         rate = "n/a" if run.tokens_per_forward is None else f"{run.tokens_per_forward:.3f}"
-        print(f"{run.algorithm:<16}{'on' if run.cuda_graph else 'off':>7}{rate:>9}"
+        print(f"{run.algorithm:<16}{'on' if run.cuda_graph else 'off':>7}"
+              f"{run.attention_backend:>12}{rate:>9}{run.drafts:>8}"
               f"{run.tokens_per_second:>9.1f}{run.seconds:>9.2f}{run.tokens:>8}")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
@@ -197,6 +278,17 @@ def gpu_name() -> str:
     return result.stdout.strip() or "unknown"
 
 
+def check_drafted(speculative: Run, baseline: Run, workdir: Path) -> None:
+    """MrpSpeculative verified drafts in the timed batch, on the baseline's backend."""
+    if speculative.draft_rounds <= 0:
+        raise AssertionError(f"MrpSpeculative verified no drafts (graphs "
+                             f"{'on' if speculative.cuda_graph else 'off'}): no request-table "
+                             f"row was free for a verify copy? logs: {workdir}")
+    if speculative.attention_backend != baseline.attention_backend:
+        raise AssertionError(f"the two servers ran different attention backends "
+                             f"({baseline.attention_backend}, {speculative.attention_backend})")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     prompts = read_prompts(args.prompts)
@@ -208,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(serve_once(args, algorithm, configs[algorithm], cuda_graph, prompts,
                                    workdir))
         baseline, speculative = runs[-2], runs[-1]
+        check_drafted(speculative, baseline, workdir)
         for index, (want, got) in enumerate(zip(baseline.outputs, speculative.outputs)):
             if want != got:
                 raise AssertionError(f"graphs {'on' if cuda_graph else 'off'}, prompt {index}: "

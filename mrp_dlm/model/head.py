@@ -149,6 +149,16 @@ class MRPHead(nn.Module):
                     param.fill_(1.0)
             self.norm.weight.zero_()
 
+    def layer_input(self, backbone: HeadBackbone, tokens: torch.Tensor, hidden_in: torch.Tensor,
+                    positions: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The first layer's input x (B, T, H) and the RoPE tables of positions (B, T)."""
+        embeds = backbone.model.embed_tokens(tokens)  # (B, T, H)
+        fused = torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden_in)),
+                          dim=-1)  # (B, T, 2H)
+        x = self.fuse(fused)  # (B, T, H)
+        return x, rotary_tables(positions, self.backbone_config.head_dim,
+                                self.backbone_config.rope_theta, x.dtype)
+
     def forward(self, backbone: HeadBackbone, tokens: torch.Tensor, hidden_in: torch.Tensor,
                 positions: torch.Tensor, attention: HeadAttention | None = None) -> torch.Tensor:
         """residual_hidden h_C (B, T, H) for tokens (B, T) and h_in (B, T, H).
@@ -157,12 +167,7 @@ class MRPHead(nn.Module):
         blocks, where this call's keys go and the mask; None: the T tokens see each other
         only, bidirectionally (one block with nothing before it, or a test of the layers).
         """
-        embeds = backbone.model.embed_tokens(tokens)  # (B, T, H)
-        fused = torch.cat((self.embed_norm(embeds), self.hidden_norm(hidden_in)),
-                          dim=-1)  # (B, T, 2H)
-        x = self.fuse(fused)  # (B, T, H)
-        rope = rotary_tables(positions, self.backbone_config.head_dim,
-                             self.backbone_config.rope_theta, x.dtype)
+        x, rope = self.layer_input(backbone, tokens, hidden_in, positions)
         if attention is None:
             for layer in self.layers:
                 x = layer(x, rope, None)  # no mask: every token sees every other

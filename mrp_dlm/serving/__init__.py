@@ -10,6 +10,7 @@
   sampling.py        per-request temperature / top-k / top-p / seed of a batch
   head_host.py       the head on an SGLang model's shared weights, fingerprint-checked
   head_pool.py       the head's keys of earlier blocks: a pool by KV slot, the head's steps
+  head_attention.py  the head's layers reading that pool in place, a chunk at a time
   head_tp.py         the head split over tensor-parallel ranks
   moe_cpu.py         the library's sparse MLP on SGLang's MoE tensors (CPU without kernels)
   sdar_config.py     model_types `sdar` and `sdar_moe` for transformers
@@ -18,6 +19,7 @@
   request_defaults.py  --preferred-sampling-params for what OpenAI requests leave out
   serve_config.py    what `mrp serve` takes (ServeConfig), light to import
   launch.py          ServeConfig -> the SGLang command, environment and YAML
+  attention_backend.py  which attention backend `mrp serve` asks SGLang for, and why
   process.py         check its port, start it, wait until it answers, stop its whole tree
   server.py          SGLang's main process (`python -m mrp_dlm.serving.server`)
   cpu_standins.py    import stand-ins that let SGLang start on a CPU-only machine

@@ -12,8 +12,9 @@ Errors, each with a message that says what to do:
   that says how to fix it.
 
 The head's keys of earlier blocks live in a pool of the plugin's own (`head_pool.py`),
-created at the first call: every call builds the head steps of its requests over it
-(`head_context`) and writes the keys of the blocks it reports done (`store_blocks`).
+allocated right after SGLang's KV pool (the plugin's hook; a runner without it, at the
+first call): every call builds the head steps of its requests over it (`head_context`)
+and writes the keys of the blocks it reports done (`store_blocks`).
 
 Deliberately not here: the per-round logic (see `speculative.py`, `direct.py`).
 
@@ -28,8 +29,9 @@ from typing import Any, Optional
 import torch
 
 from mrp_dlm.decoding.step import BackboneStep, BlockRows, Step
+from mrp_dlm.serving.attention_backend import MRP_BACKENDS
 from mrp_dlm.serving.config import MrpServingConfig, ServingConfigError
-from mrp_dlm.serving.head_pool import HeadContext, HeadPool, block_slots, request_context
+from mrp_dlm.serving.head_pool import HeadContext, attach_pool, block_slots, request_context
 from mrp_dlm.serving.sglang_forward import (Answer, SGLangAlgorithm, block_ids,
                                             block_positions, forward_rows, prompt_mask_of,
                                             served_model, write_block_ids)
@@ -46,6 +48,7 @@ class MrpAlgorithm(SGLangAlgorithm):
     them from its DllmConfig), so they keep SGLang's names; ours is `mask_token_id`."""
 
     supported_architectures = MRP_ARCHITECTURES
+    supported_attention_backends = MRP_BACKENDS  # SGLang keeps these with CUDA graphs on
     needs_head = True  # MrpSpeculative self-drafts without one
 
     def setup(self, algorithm_config: dict, fdfo: bool) -> None:
@@ -56,7 +59,6 @@ class MrpAlgorithm(SGLangAlgorithm):
             raise ServingConfigError(f"{type(self).__name__} needs `head: <directory>` in "
                                      "the dLLM algorithm config (the MRP head)")
         self.lookahead = self.serving.lookahead
-        self.pool: Optional[HeadPool] = None  # the head's keys by KV slot, from the first call
 
     @classmethod
     def check_launch(cls, args: LaunchArgs) -> None:
@@ -86,10 +88,8 @@ class MrpAlgorithm(SGLangAlgorithm):
         """The head on the current block of the batch's `requests`, over the head pool (its
         keys of earlier blocks; without `prefix`, none: see `request_context`)."""
         head, host = self.model_parts(model_runner)
-        if self.pool is None:
-            self.pool = HeadPool.for_runner(model_runner, head)
-        return request_context(self.pool, head, host, model_runner, forward_batch, requests,
-                               prefix)
+        return request_context(attach_pool(model_runner), head, host, model_runner,
+                               forward_batch, requests, prefix)
 
     def store_blocks(self, model_runner: Any, forward_batch: Any, requests: list[int],
                      tokens: torch.Tensor, clean_hidden: torch.Tensor) -> None:

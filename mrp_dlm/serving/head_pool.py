@@ -9,30 +9,32 @@ reports it done (`store`), batched over the requests done in that call.
 
 Row s of the pool holds the head's keys of the token whose backbone KV sits in slot s, so
 a prefix SGLang's radix cache hands to a new request brings its head keys along. The pool
-is allocated once from SGLang's token pool size; SGLang leaves room for it because the
-plugin adds its bytes to SGLang's per-token KV size (`head_bytes_per_token`, `plugin.py`).
-A head call gathers each request's earlier keys padded to the longest with masked slots
-(P), its block's keys after them: equal to the library's `HeadCache` up to float rounding.
+is allocated right after SGLang's KV pool, before its graph capture (`attach_pool`, the
+plugin's hook on `ModelRunner.alloc_memory_pool`), over every slot id; SGLang leaves room
+for it because the plugin adds its bytes to SGLang's per-token KV size
+(`head_bytes_per_token`, `plugin.py`). A head call reads each request's earlier keys in
+place, a chunk of slots at a time (`Prefix`, `head_attention.py`): no per-call copy.
 
-Deliberately not here: when a block is done or a head step runs (`direct.py`,
-`speculative.py`); the head's layers (`model/head.py`); SGLang's names (`sglang_forward.py`).
+Not here: when a block is done or a head step runs (`direct.py`, `speculative.py`); the
+head's layers (`head_attention.py`); SGLang's names (`sglang_forward.py`).
 
-Shapes: R requests of a call, P prefix slots (the longest request's), L block size,
-T tokens of a head call, S pool slots, nkv key/value heads, hd head dim, H hidden.
+Shapes: R requests of a call, P prefix slots (the longest request's), C a chunk of them,
+L block size, S pool slots, nkv key/value heads, hd head dim, H hidden.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
-from mrp_dlm.model.head import HeadAttention, HeadBackbone, MRPHead
+from mrp_dlm.model.head import HeadBackbone, MRPHead
+from mrp_dlm.serving.head_attention import PREFIX_CHUNK, LayerPool, head_residual
 from mrp_dlm.serving.head_tp import kv_heads_of
 from mrp_dlm.serving.sglang_forward import (block_positions, kv_slot_count, prefix_lengths,
-                                            request_slots)
+                                            request_rows, request_slots, served_model)
 
 log = logging.getLogger(__name__)
 
@@ -70,74 +72,71 @@ class HeadPool:
         return pool
 
 
-@dataclass
-class ContextLayer:
-    """One head layer's keys for a call: the gathered prefix, then the call's own keys.
-    With `slots`, the call's keys are also written to the pool (a store)."""
+POOL_ATTRIBUTE = "mrp_head_pool"  # the served model's HeadPool, once allocated
 
-    keys: torch.Tensor  # (R, nkv, P + L, hd)
-    values: torch.Tensor  # (R, nkv, P + L, hd)
-    prefix: int  # P
-    pool_keys: torch.Tensor  # (S, nkv, hd) this layer's pool
-    pool_values: torch.Tensor  # (S, nkv, hd)
-    slots: Optional[torch.Tensor] = None  # (R*T,) int64 pool slots of the call's tokens
 
-    def write_and_read(self, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor,
-                       width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        T = k.shape[2]
-        self.keys[:, :, self.prefix:self.prefix + T] = k
-        self.values[:, :, self.prefix:self.prefix + T] = v
-        if self.slots is not None:
-            R, nkv, _, hd = k.shape
-            self.pool_keys.index_copy_(0, self.slots, k.transpose(1, 2).reshape(R * T, nkv, hd))
-            self.pool_values.index_copy_(0, self.slots,
-                                         v.transpose(1, 2).reshape(R * T, nkv, hd))
-        return self.keys[:, :, :width], self.values[:, :, :width]
+def attach_pool(model_runner: Any) -> Optional[HeadPool]:
+    """The served model's head pool, allocated now if it has none (the plugin's hook does
+    so right after SGLang allocates its KV pool); None for a model without a head."""
+    model = served_model(model_runner)
+    head = getattr(model, "mrp_head", None)
+    if head is None:
+        return None
+    pool = getattr(model, POOL_ATTRIBUTE, None)
+    if pool is None:
+        pool = HeadPool.for_runner(model_runner, head)
+        setattr(model, POOL_ATTRIBUTE, pool)
+    return pool
 
 
 @dataclass(frozen=True)
-class ContextKeys:
-    """The `HeadKeys` of one head call over a context; with `slots`, a store."""
+class Prefix:
+    """Where each request's earlier head keys are: its row of a table of pool slots by
+    position (SGLang's request table), and how many positions are earlier. Read a chunk
+    of columns at a time (`chunks`), never whole."""
 
-    context: "HeadContext"
-    slots: Optional[torch.Tensor] = None  # (R*L,) int64 pool slots of the call's tokens
+    table: torch.Tensor  # (rows, columns) pool slot of each position of a row
+    rows: torch.Tensor  # (R,) int64 each request's row of table
+    lengths: torch.Tensor  # (R,) int64 earlier positions, on the table's device
+    longest: int  # P = max(lengths), known on the host
 
-    def layer(self, index: int) -> ContextLayer:
-        context = self.context
-        return ContextLayer(context.keys[index], context.values[index], context.prefix,
-                            context.pool.keys[index], context.pool.values[index], self.slots)
+    @classmethod
+    def whole(cls, slots: torch.Tensor) -> "Prefix":
+        """Every column of slots (R, P) is a real earlier slot."""
+        R, P = slots.shape
+        return cls(slots, torch.arange(R, device=slots.device),
+                   torch.full((R,), P, device=slots.device), P)
+
+    def chunks(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(slots (R, C) int64, valid (R, C) bool) per chunk of `size` columns; padding
+        slots (past a shorter prefix) read slot 0 and are invalid."""
+        for start in range(0, self.longest, size):
+            columns = torch.arange(start, min(start + size, self.longest),
+                                   device=self.table.device)  # (C,)
+            valid = columns[None] < self.lengths[:, None]  # (R, C)
+            slots = self.table[self.rows[:, None], columns[None]].long()  # (R, C)
+            yield torch.where(valid, slots, 0), valid
 
 
 class HeadContext:
     """The head on the current block of R requests: `HeadSteps` for the MRP steps
-    (`decoding/head_cache.py`), and `store` for blocks reported done."""
+    (`decoding/head_cache.py`), and `store` for blocks reported done. Each head call reads
+    the requests' earlier keys from the pool in place (`head_attention.py`)."""
 
-    def __init__(self, pool: HeadPool, head: MRPHead, host: HeadBackbone,
-                 prefix_slots: torch.Tensor, prefix_valid: torch.Tensor,
-                 positions: torch.Tensor) -> None:
-        """prefix_slots, prefix_valid: (R, P) pool slots of each request's earlier blocks and
-        which are real (False pads the shorter prefixes); positions: (R, L) of the block."""
-        self.pool, self.head, self.host, self.positions = pool, head, host, positions
-        R, P = prefix_slots.shape
-        L = positions.shape[1]
-        layers, _, nkv, hd = pool.keys.shape
-        shape = (layers, R, nkv, P + L, hd)
-        self.keys = pool.keys.new_empty(shape)  # (layers, R, nkv, P + L, hd)
-        self.values = pool.values.new_empty(shape)  # (layers, R, nkv, P + L, hd)
-        # (layers, R, P, nkv, hd) gathered -> (layers, R, nkv, P, hd)
-        self.keys[:, :, :, :P] = pool.keys[:, prefix_slots].permute(0, 1, 3, 2, 4)
-        self.values[:, :, :, :P] = pool.values[:, prefix_slots].permute(0, 1, 3, 2, 4)
-        own = torch.ones(R, L, dtype=torch.bool, device=positions.device)  # (R, L)
-        keys_valid = torch.cat((prefix_valid, own), dim=1)  # (R, P + L)
-        self.mask = keys_valid[:, None, :].expand(R, L, P + L)  # (R, L, P + L)
-        self.prefix = P
+    def __init__(self, pool: HeadPool, head: MRPHead, host: HeadBackbone, prefix: Prefix,
+                 positions: torch.Tensor, chunk: int = PREFIX_CHUNK) -> None:
+        """positions: (R, L) of the block; chunk: prefix slots read per attention step."""
+        self.pool, self.head, self.host, self.prefix = pool, head, host, prefix
+        self.positions, self.chunk = positions, chunk
 
     def residual(self, tokens: torch.Tensor, hidden_in: torch.Tensor,
                  store: Optional[torch.Tensor] = None) -> torch.Tensor:
         """h_C (R, L, H) of block states tokens (R, L) from h_in (R, L, H); with `store`
         (R*L,) slots, the call's keys also go to the pool there."""
-        return self.head(self.host, tokens, hidden_in, self.positions,
-                         HeadAttention(ContextKeys(self, store), self.mask, self.prefix))
+        pools = [LayerPool(self.pool.keys[i], self.pool.values[i], store)
+                 for i in range(self.pool.keys.shape[0])]  # (S, nkv, hd) each, in place
+        return head_residual(self.head, self.host, tokens, hidden_in, self.positions, pools,
+                             self.prefix, self.chunk)
 
     def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -155,20 +154,17 @@ def request_context(pool: HeadPool, head: MRPHead, host: HeadBackbone, model_run
                     forward_batch: Any, requests: list[int], prefix: bool = True
                     ) -> HeadContext:
     """The HeadContext of the batch's `requests` (indices into the ForwardBatch) on their
-    current block: their earlier blocks' slots come from SGLang's request table. Without
-    `prefix`, the block alone: enough to store the keys of a one-layer head, which depend
-    on the block's tokens and hidden states only (not on its attention)."""
+    current block: their earlier blocks' slots are read from SGLang's request table a
+    chunk at a time. Without `prefix`, the block alone: enough to store the keys of a
+    one-layer head, which depend on the block's tokens and hidden states only (not on its
+    attention)."""
     L = host.config.block_size
-    device = pool.keys.device
-    lengths = torch.tensor(prefix_lengths(forward_batch, requests) if prefix
-                           else [0] * len(requests), dtype=torch.long)  # (R,) earlier tokens
-    P = int(lengths.max()) if requests else 0
-    columns = torch.arange(P).expand(len(requests), P)  # (R, P)
-    ids = request_slots(model_runner, forward_batch, requests, columns).to(device)  # (R, P)
-    valid = (columns < lengths[:, None]).to(device)  # (R, P)
+    table, rows = request_rows(model_runner, forward_batch, requests)  # (R,) rows of table
+    lengths = prefix_lengths(forward_batch, requests) if prefix else [0] * len(requests)
+    earlier = Prefix(table, rows, torch.tensor(lengths, dtype=torch.long, device=table.device),
+                     max(lengths, default=0))
     positions = block_positions(forward_batch, L)[torch.tensor(requests, dtype=torch.long)]
-    return HeadContext(pool, head, host, torch.where(valid, ids, 0), valid,
-                       positions.to(device))  # positions (R, L)
+    return HeadContext(pool, head, host, earlier, positions.to(pool.keys.device))  # (R, L)
 
 
 def block_slots(model_runner: Any, forward_batch: Any, requests: list[int],

@@ -5,8 +5,10 @@ OpenAI-compatible API on 127.0.0.1: a `ServeConfig` becomes a `LaunchPlan` (the 
 command, its environment and the algorithm's YAML). It chooses:
 - the dLLM algorithm and its YAML; LowConfidence gets the library's default threshold, the
   rule MrpSpeculative reproduces (SGLang's own default differs);
-- the checkpoint's own dtype (`--dtype auto` would run a float32 checkpoint in float16);
-- on a CPU: `--device cpu`, torch_native attention, SGLANG_USE_CPU_ENGINE=1, the import
+- on a CPU the checkpoint's own dtype (`--dtype auto` would run a float32 checkpoint in
+  float16), on CUDA bfloat16 (`config.dtype_for`);
+- an attention backend for the head_dim and dtype (`attention_backend.py`, said and logged);
+- on a CPU: `--device cpu`, SGLANG_USE_CPU_ENGINE=1, the import
   stand-ins (`cpu_standins.py`), a KV pool of at most CPU_MAX_RUNNING_REQUESTS contexts and
   CPU_KV_MEMORY_SHARE of the available memory (SGLang sizes it from the total memory), and
   the library's CPU thread rule unless OMP_NUM_THREADS or MKL_NUM_THREADS is set; on CUDA,
@@ -23,6 +25,7 @@ process's entry point (`server.py`).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shlex
@@ -30,13 +33,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mrp_dlm.config import dtype_for
 from mrp_dlm.model.files import INDEX_FILE, SINGLE_FILE, CheckpointError, read_json
 from mrp_dlm.model.release import backbone_config, is_release_dir, release_fingerprint
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
 from mrp_dlm.serving import sglang_process as door
+from mrp_dlm.serving.attention_backend import (NO_DECODE_GRAPHS, AttentionChoice,
+                                               choose_attention)
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
 from mrp_dlm.serving.serve_config import ALGORITHMS, HOST, ServeConfig, ServeError  # noqa: F401
 from mrp_dlm.threads import choose_threads, usable_cpus
+
+log = logging.getLogger(__name__)
 
 GREEDY_DEFAULTS = {"temperature": 0}  # what a request gets for the fields it leaves out
 CPU_MAX_RUNNING_REQUESTS = 8  # on a CPU, every request of a batch shares each forward's cost
@@ -60,6 +68,7 @@ class Checkpoint:
     parameters: int  # number of weights (for the CPU thread rule)
     kv_bytes_per_token: int  # K and V of every layer for one token, in `dtype`
     context_len: int  # max_position_embeddings
+    head_dim: int = 0  # the attention heads' width (0: not read)
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,9 @@ class LaunchPlan:
     yaml_text: str  # the dLLM algorithm's YAML, written where argv says
     device: str  # cpu or cuda
     checkpoint: Checkpoint  # what is served
+    dtype: str  # what SGLang loads it in (`--dtype`)
+    attention: AttentionChoice | None  # `--attention-backend` and decode graphs; None:
+    # the user's own --attention-backend, as given
     head: Path | None  # the MRP head, for the MRP algorithms
     view_of: Path | None = None  # a release-layout checkpoint, shown to SGLang as SDAR
 
@@ -146,7 +158,8 @@ def read_checkpoint(directory: Path) -> Checkpoint:
                               f"{error.args[0]!r}") from error
     return Checkpoint(directory=directory, dtype=dtype, parameters=parameters,
                       kv_bytes_per_token=kv_bytes,
-                      context_len=int(raw.get("max_position_embeddings", 32768)))
+                      context_len=int(raw.get("max_position_embeddings", 32768)),
+                      head_dim=int(head_dim))
 
 
 def local_dir(name: str, revision: str | None, what: str) -> Path:
@@ -235,7 +248,7 @@ def available_memory() -> int:
 
 
 def cpu_flags(checkpoint: Checkpoint, block_size: int) -> list[str]:
-    return ["--device", "cpu", "--attention-backend", "torch_native",
+    return ["--device", "cpu",
             "--max-total-tokens", str(cpu_kv_tokens(checkpoint, available_memory(), block_size)),
             "--max-running-requests", str(CPU_MAX_RUNNING_REQUESTS)]
 
@@ -298,22 +311,32 @@ def plan_launch(config: ServeConfig, yaml_path: Path, extra_args: list[str],
     if head is not None and head != model_dir:  # a release's own head fits by construction
         check_head_fits(head, model_dir, checkpoint.dtype)
     device = resolve_device(config.device)
+    dtype = checkpoint.dtype if device == "cpu" else dtype_for(device)
+    attention = choose_attention(device, dtype, checkpoint.head_dim,
+                                 NO_DECODE_GRAPHS not in extra_args,
+                                 config.algorithm in MRP_ALGORITHMS)
     view_of = model_dir if is_release_dir(model_dir) else None
     served = yaml_path.with_name(VIEW_NAME) if view_of else model_dir
     argv = [sys.executable, "-m", "mrp_dlm.serving.server",
             "--model-path", str(served), "--served-model-name", served_name(config, model_dir),
-            "--host", HOST, "--port", str(config.port), "--dtype", checkpoint.dtype,
+            "--host", HOST, "--port", str(config.port), "--dtype", dtype,
             "--dllm-algorithm", config.algorithm, "--dllm-algorithm-config", str(yaml_path),
             "--preferred-sampling-params", json.dumps(GREEDY_DEFAULTS)]
     if config.tp > 1:
         argv += ["--tp-size", str(config.tp)]
+    if "--attention-backend" in extra_args:  # the user's, as given
+        attention = None
+    else:
+        argv += attention.flags(device)
+        log.info("mrp serve: %s", attention.describe())
     env = {}
     if device == "cpu":
         argv += cpu_flags(checkpoint, block_size_of(model_dir))
         env = cpu_env(checkpoint, environ, config.tp)
     return LaunchPlan(argv=argv + list(extra_args), env=env,
                       yaml_text=algorithm_yaml(config, head), device=device,
-                      checkpoint=checkpoint, head=head, view_of=view_of)
+                      checkpoint=checkpoint, dtype=dtype, attention=attention, head=head,
+                      view_of=view_of)
 
 
 def describe(config: ServeConfig, plan: LaunchPlan) -> str:
@@ -331,8 +354,9 @@ def describe(config: ServeConfig, plan: LaunchPlan) -> str:
         setting = f"threshold {config.rule_threshold}"
     head = f", head {plan.head}" if plan.head else (
         ", no head: self-drafts" if config.algorithm == "MrpSpeculative" else "")
+    attention = plan.attention.describe() if plan.attention else "attention as given"
     return (f"{config.algorithm} ({setting}) on {plan.checkpoint.directory}{head}, "
-            f"{plan.device} {plan.checkpoint.dtype}")
+            f"{plan.device} {plan.dtype}, {attention}")
 
 
 EXAMPLE_PROMPT = ("Tom has 3 apples. He buys 5 more. Then he eats 2 of them. "

@@ -129,12 +129,19 @@ def prefix_lengths(forward_batch: Any, requests: list[int]) -> list[int]:
     return [int(forward_batch.extend_prefix_lens_cpu[i]) for i in requests]
 
 
+def request_rows(model_runner: Any, forward_batch: Any, requests: list[int]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's request table (rows, max context) of KV slot ids, and the requests' rows
+    (R,) int64 in it."""
+    table = model_runner.req_to_token_pool.req_to_token  # (rows, max context)
+    index = torch.tensor(requests, dtype=torch.long, device=table.device)  # (R,)
+    return table, forward_batch.req_pool_indices.to(table.device)[index].long()  # (R,)
+
+
 def request_slots(model_runner: Any, forward_batch: Any, requests: list[int],
                   columns: torch.Tensor) -> torch.Tensor:
     """(R, C) int64 KV slot ids at columns (R, C) of the requests' request-table rows."""
-    table = model_runner.req_to_token_pool.req_to_token  # (rows, max context)
-    index = torch.tensor(requests, dtype=torch.long, device=table.device)  # (R,)
-    rows = forward_batch.req_pool_indices.to(table.device)[index].long()  # (R,)
+    table, rows = request_rows(model_runner, forward_batch, requests)
     return table[rows[:, None], columns.to(table.device)].long()  # (R, C)
 
 
@@ -266,7 +273,8 @@ def build_rows_batch(runner, forward_batch, reservations: list[Reservation],
             setattr(rows, name, value[owner.to(value.device)])
     if forward_batch.seq_lens_cpu is not None:
         rows.seq_lens_cpu = forward_batch.seq_lens_cpu[torch.tensor(owner_cpu)]
-        rows.seq_lens_sum = int(rows.seq_lens_cpu.sum())
+        lengths = forward_batch.seq_lens_cpu.tolist()  # SGLang's host copy: no device read
+        rows.seq_lens_sum = sum(lengths[i] for i in owner_cpu)
     for name in ROW_LISTS:
         value = getattr(forward_batch, name)
         if value is not None:

@@ -2,7 +2,7 @@
 
 - the version gate (`supported`, `check_version`): SGLang 0.5.23 only;
 - SGLang's registries: the dLLM algorithms and the external model package;
-- the six hooks (`HOOKS`: target -> adapter, `HookType`); each adapter reads SGLang's
+- the seven hooks (`HOOKS`: target -> adapter, `HookType`); each adapter reads SGLang's
   objects (server args, the pool configurator, a ScheduleBatch, the scheduler, its
   requests, OpenAI request models) into plain values for the plugin's own functions;
 - the runtime context (`served_algorithm`, `tensor_parallel_size`), launch-time server
@@ -264,6 +264,18 @@ def after_cell_size(result, configurator, kvc, *args, **kwargs):
                                model.head_dim, model.dtype, result)
 
 
+def after_alloc_memory_pool(result, model_runner, *args, **kwargs):
+    """After `ModelRunner.alloc_memory_pool` (SGLang's KV pool, before its attention
+    backends and graph capture): the MRP head's pool beside it, sized as planned."""
+    from mrp_dlm.serving.head_pool import attach_pool
+    from mrp_dlm.serving.plugin import HEAD_KEY_ALGORITHMS
+
+    algorithm, _ = served_algorithm()
+    if not getattr(model_runner, "is_draft_worker", False) and algorithm in HEAD_KEY_ALGORITHMS:
+        attach_pool(model_runner)
+    return result
+
+
 def request_seed(req: Any) -> int:
     """The request's own seed, else its fresh one (drawn once, then kept on the request)."""
     seed = req.sampling_params.sampling_seed
@@ -360,6 +372,8 @@ HOOKS: dict[str, tuple[Callable, str]] = {  # target -> (adapter, HookType name)
     "sglang.srt.dllm.config.DllmConfig.from_server_args": (after_dllm_config, "AFTER"),
     "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size":
         (after_cell_size, "AFTER"),
+    "sglang.srt.model_executor.model_runner.ModelRunner.alloc_memory_pool":
+        (after_alloc_memory_pool, "AFTER"),
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new":
         (after_forward_batch_init, "AFTER"),
     "sglang.srt.dllm.mixin.scheduler.SchedulerDllmMixin.process_batch_result_dllm":

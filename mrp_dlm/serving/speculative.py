@@ -92,10 +92,9 @@ class Chains:
         has_next = depth[None, :-1] < (counts - 1)[:, None]  # (B, M - 1)
         firsts = (counts - 1).cumsum(0) - (counts - 1)  # (B,) each request's first entry
         step_of = torch.where(has_next, firsts[:, None] + depth[None, :-1], 0)  # (B, M - 1)
-        own = torch.zeros(rows.shape[0], dtype=torch.bool)  # (N,) on the host: no device read
-        own[starts + counts - 1] = True
-        stepped = (~own).nonzero()[:, 0]  # (E,)
         owner = torch.repeat_interleave(torch.arange(len(rounds)), counts - 1)  # (E,)
+        stepped = starts[owner] + torch.arange(owner.shape[0]) - firsts[owner]  # (E,)
+        # ^ on the host, from the sizes: S_1 .. S_{m-1} of each request (no device read)
         return cls(rows, index, valid, stepped.to(device), owner.to(device), step_of.to(device))
 
 

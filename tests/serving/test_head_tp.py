@@ -26,7 +26,7 @@ require_sglang()
 from conftest import random_backbone, tiny_config  # noqa: E402
 from mrp_dlm.config import HeadConfig  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
-from mrp_dlm.serving.head_pool import HeadContext, HeadPool  # noqa: E402
+from mrp_dlm.serving.head_pool import HeadContext, HeadPool, Prefix  # noqa: E402
 from mrp_dlm.serving.head_tp import Split, kv_heads_of, shard_head  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -65,10 +65,9 @@ def two_blocks(model, head: MRPHead) -> torch.Tensor:
     pool = HeadPool(head.config.num_layers, R * 2 * L, kv_heads_of(head),
                     model.config.head_dim, torch.float32, "cpu")
     none = torch.zeros(R, 0, dtype=torch.long)  # (R, 0)
-    first = HeadContext(pool, head, model, none, none.bool(), positions[:, :L])
+    first = HeadContext(pool, head, model, Prefix.whole(none), positions[:, :L])
     first.store(tokens[:, :L], hidden[:, :L], slots[:, :L])
-    valid = torch.ones(R, L, dtype=torch.bool)  # (R, L)
-    second = HeadContext(pool, head, model, slots[:, :L], valid, positions[:, L:])
+    second = HeadContext(pool, head, model, Prefix.whole(slots[:, :L]), positions[:, L:])
     return second.residual(tokens[:, L:], hidden[:, L:])  # (R, L, H)
 
 

@@ -30,6 +30,7 @@ from mrp_dlm.model.loading import save_backbone
 from mrp_dlm.model.release import export_release
 from mrp_dlm.pipeline import embedded_head_dir, embedded_model_dir
 from mrp_dlm.serving import launch, process
+from mrp_dlm.serving.attention_backend import MRP_BACKENDS, NO_DECODE_GRAPHS, choose_attention
 from mrp_dlm.serving.config import MrpServingConfig
 from mrp_dlm.serving.launch import (CPU_KV_MEMORY_SHARE, CPU_MAX_RUNNING_REQUESTS, Checkpoint,
                                     ServeConfig, ServeError, cpu_kv_tokens, describe,
@@ -95,13 +96,59 @@ def test_tensor_parallel_plan(tmp_path, cpu_machine, monkeypatch):
     assert "SGLANG_CPU_OMP_THREADS_BIND" not in kept.env
 
 
-def test_cuda_plan_keeps_sglang_defaults(tmp_path, cpu_machine):
-    plan = plan_launch(ServeConfig(device="cuda", port=8001), tmp_path / "a.yaml", [], {})
-    for cpu_only in ("--device", "--attention-backend", "--max-total-tokens",
-                     "--max-running-requests"):
+def test_cuda_plan_is_bf16_on_a_backend_that_takes_the_head_dim(tmp_path, cpu_machine, caplog):
+    """The embedded model (float32, head_dim 32) on CUDA: bfloat16, and Triton (FlashInfer
+    has no head_dim 32 kernels), CUDA graphs on for the MRP algorithms, off for
+    LowConfidence (SGLang would force FlashInfer on it); said in the startup line and
+    logged. A backend the user passes after `--` is left as given."""
+    caplog.set_level("INFO", logger=launch.__name__)
+    config = ServeConfig(device="cuda", port=8001)
+    plan = plan_launch(config, tmp_path / "a.yaml", [], {})
+    for cpu_only in ("--device", "--max-total-tokens", "--max-running-requests"):
         assert cpu_only not in plan.argv
-    assert flag(plan.argv, "--dtype") == "float32" and flag(plan.argv, "--port") == "8001"
-    assert plan.env == {}
+    assert flag(plan.argv, "--dtype") == "bfloat16" and flag(plan.argv, "--port") == "8001"
+    assert plan.checkpoint.head_dim == 32 and plan.env == {}
+    assert flag(plan.argv, "--attention-backend") == "triton"
+    assert NO_DECODE_GRAPHS not in plan.argv
+    line = describe(config, plan)
+    assert "cuda bfloat16, attention triton, CUDA graphs (FlashInfer has no head_dim 32" in line
+    assert "attention triton" in caplog.text
+    low = plan_launch(ServeConfig(device="cuda", algorithm="LowConfidence"),
+                      tmp_path / "a.yaml", [], {})
+    assert flag(low.argv, "--attention-backend") == "triton" and NO_DECODE_GRAPHS in low.argv
+    given = plan_launch(config, tmp_path / "a.yaml", ["--attention-backend", "fa3"], {})
+    assert given.argv.count("--attention-backend") == 1 and flag(given.argv,
+                                                                 "--attention-backend") == "fa3"
+    assert "attention as given" in describe(config, given)
+
+
+@pytest.mark.parametrize("device, dtype, head_dim, graphs, ours, want", [
+    ("cpu", "float32", 32, True, True, ("torch_native", False)),
+    ("cuda", "bfloat16", 128, True, True, ("flashinfer", True)),
+    ("cuda", "float16", 64, True, False, ("flashinfer", True)),
+    ("cuda", "bfloat16", 128, False, True, ("flashinfer", False)),
+    ("cuda", "float32", 128, True, True, ("triton", True)),
+    ("cuda", "bfloat16", 32, True, True, ("triton", True)),
+    ("cuda", "bfloat16", 32, True, False, ("triton", False)),
+    ("cuda", "float32", 32, False, False, ("triton", False)),
+])
+def test_attention_choice(device, dtype, head_dim, graphs, ours, want):
+    choice = choose_attention(device, dtype, head_dim, graphs, ours)
+    assert (choice.backend, choice.cuda_graphs) == want
+    assert choice.backend in MRP_BACKENDS and choice.reason
+    assert (NO_DECODE_GRAPHS in choice.flags(device)) == (device == "cuda" and not want[1])
+
+
+def test_the_mrp_algorithms_list_the_backends_mrp_serve_chooses():
+    """SGLang keeps an algorithm's listed backend with CUDA graphs on
+    (`_dllm_attention_backend`); the MRP algorithms list every one `choose_attention`
+    gives."""
+    from sglang_env import require_sglang
+
+    require_sglang()
+    from mrp_dlm.serving.base import MrpAlgorithm
+
+    assert MrpAlgorithm.supported_attention_backends == MRP_BACKENDS
 
 
 @pytest.mark.parametrize("config, want", [
