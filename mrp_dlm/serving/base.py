@@ -154,9 +154,10 @@ class OneStep:
         out, logits, hidden = forward_rows(model_runner, forward_batch, L)
         eligible = (block == mask_token_id) & ~prompt  # (B, L)
         positions = block_positions(forward_batch, L)  # (B, L)
+        masks = eligible.sum(dim=1).tolist()  # the one read: each request's masks left
         step = Step(index=0, quota=1, rows=BlockRows(block, eligible, positions),
-                    base=BackboneStep(hidden, logits))
-        return cls(out, step, prompt, (~eligible.any(dim=1)).tolist())
+                    base=BackboneStep(hidden, logits), left=max(masks) or None)
+        return cls(out, step, prompt, [m == 0 for m in masks])
 
     def finish(self, forward_batch: Any, block: torch.Tensor) -> Answer:
         """The round's answer to SGLang with the blocks (B, L) after this step (a done block

@@ -35,7 +35,7 @@ from mrp_dlm.decoding.sampling import SamplingConfig
 from mrp_dlm.decoding.selection import Rule
 from mrp_dlm.decoding.speculative import (Drafter, Drafts, count_accepted, draft,
                                           record_verdicts, rule_steps)
-from mrp_dlm.decoding.step import BackboneStep, BlockRows
+from mrp_dlm.decoding.step import BackboneStep, BlockRows, reads_free
 from mrp_dlm.serving.base import MrpAlgorithm
 from mrp_dlm.serving.head_pool import HeadContext
 from mrp_dlm.serving.sglang_forward import (Answer, Scratch, batch_sampling, block_ids,
@@ -302,7 +302,10 @@ class MrpSpeculative(MrpAlgorithm):
         rows = BlockRows(settled.block[index], settled.eligible[index], positions[index])
         drafter = Drafter(context, self.model_parts(model_runner)[1],
                           self.rule(sampling).rows(index))
-        drafts = draft(drafter, seed, rows, plan)  # (R, m, L)
+        # Where a read costs a sync, the chain runs the plan through with no stop check (a
+        # draft after a finished one reveals nothing and is never accepted).
+        most = None if reads_free(rows.tokens.device) else rows.tokens.shape[1]
+        drafts = draft(drafter, seed, rows, plan, most=most)  # (R, m, L)
         self.last_draft = (drafts.sources, timer.stop())
         first = first.index_copy(0, index, drafts.states[:, 0])  # (B, L)
         if drafts.states.shape[1] == 1:

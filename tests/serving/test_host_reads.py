@@ -22,6 +22,7 @@ from sglang_env import require_sglang
 require_sglang()
 
 import fake_engine  # noqa: E402
+import mrp_dlm.decoding.step as step  # noqa: E402
 import mrp_dlm.serving.speculative as speculative  # noqa: E402
 from fake_engine import serve  # noqa: E402
 from mrp_dlm.config import HeadConfig  # noqa: E402
@@ -105,6 +106,16 @@ def test_reads_per_call_are_bounded_and_do_not_grow_with_the_requests(tmp_path, 
         assert not set(reads) - {"serving", "decoding"}, reads
         per_call[requests] = reads["serving"] / calls
     assert per_call[8] <= max(per_call[1], 1.0) + 0.5, per_call  # nothing per request
+
+
+@pytest.mark.parametrize("algorithm", ["MrpSpeculative", "MrpDirect", "MrpRemask"])
+def test_on_an_accelerator_a_call_reads_at_most_twice_in_all(tmp_path, monkeypatch, algorithm):
+    """Where a read is a sync (no device type in HOST_READS_FREE), the plugin and the library
+    code it runs read at most 2 times per call together, at any number of requests."""
+    monkeypatch.setattr(step, "HOST_READS_FREE", frozenset())
+    for requests in (1, 8):
+        calls, reads = calls_and_reads(tmp_path, monkeypatch, algorithm, requests, 0.5)
+        assert sum(reads.values()) <= 2 * calls, (requests, calls, reads)
 
 
 def test_the_counter_sees_a_per_request_read(tmp_path, monkeypatch):
