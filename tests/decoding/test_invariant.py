@@ -3,7 +3,7 @@ bit-exact speculation by construction.
 
 - every copy of an M = 2..4 verify, batch 1 and 3 (left-padded), after a prefill and a
   stored block, has a lone denoise forward's logits bit for bit (torch.equal), in float32
-  and bfloat16, with the option on;
+  and bfloat16, with the option on (a sparse MoE backbone too);
 - whole decodes: greedy speculation == its rule (dynamic at τ, static at 1.0) token for
   token in bfloat16 on tiny random checkpoints with the option on, no decision margin
   needed (the two see identical logits);
@@ -30,6 +30,7 @@ from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.eval.grid import rule_of
 from mrp_dlm.model.invariant import BIT_EXACT, UP_TO_TIES, invariant_enabled
+from reference_moe import TINY_MOE
 
 BATCH_LENGTHS = {1: [6], 3: [6, 13, 2]}  # batch 3: rows left-padded by whole blocks
 DTYPES = (torch.float32, torch.bfloat16)
@@ -51,6 +52,16 @@ def test_every_copy_has_a_lone_forwards_logits_bit_for_bit(dtype, batch):
                 f"max diff {(verify - lone).abs().max():.3g}"
             compared += copies
     assert compared == 2 * (2 + 3 + 4)
+
+
+@pytest.mark.exact_arithmetic
+@pytest.mark.parametrize("dtype", DTYPES)
+@torch.no_grad()
+def test_moe_copies_too(dtype):
+    model = random_backbone(tiny_config(**TINY_MOE), seed=3).to(dtype)
+    context = stored_block_context(model, BATCH_LENGTHS[3], 3, True, seed=3)
+    verify, lone = copy_and_lone_logits(context, random_states(model, 3, 3, seed=3))
+    assert torch.equal(verify, lone)
 
 
 @torch.no_grad()
