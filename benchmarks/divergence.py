@@ -154,7 +154,8 @@ def main() -> int:
         total["prompts"] += row["prompts"]
         total["differ"] += row["differ"]
         total["margins"] += [d["noise_margin"] for d in row["divergences"]]
-    print("\n| source dtype batch option | prompts | differ | rate | noise margins of the differing |")
+    print("\n| source dtype batch option | prompts | differ | rate | noise margins of the "
+          "differing |")
     print("| --- | --- | --- | --- | --- |")
     for key, total in summary.items():
         print(f"| {key} | {total['prompts']} | {total['differ']} | "

@@ -16,7 +16,8 @@ __all__ = ["BACKBONE_PRESETS", "CUDA_DTYPE", "DEFAULT_DEVICE", "DEFAULT_DTYPE", 
            "DISTILL_FORMATS", "DRAFTERS", "DTYPE_NAMES", "INVARIANT_CHOICES", "MODES", "MRP_MODES",
            "REMASK_RULES", "REVEAL_RULES", "SDAR_BLOCK_SIZE", "SDAR_MASK_TOKEN_ID",
            "SDAR_STOP_TOKEN_IDS", "STRATEGIES", "BackboneConfig", "BlockSchedule", "DecodeConfig",
-           "DistillConfig", "HeadConfig", "HeadTrainConfig", "RunConfig", "TrainConfig", "dtype_for"]
+           "DistillConfig", "HeadConfig", "HeadTrainConfig", "RunConfig", "TrainConfig",
+           "dtype_for"]
 
 # SDAR family defaults: the published config.json files lack these keys and every engine
 # hard-codes them.
