@@ -177,7 +177,8 @@ class DecodeConfig:
     invariant_verify: str = field(default="auto", metadata={"help": (
         "run each verify copy as a lone denoise forward, so its logits equal the rule's bit "
         "for bit by construction (speculation bit-exact; costs M weight reads per verify): on, "
-        "off (one batched forward: exact up to float ties), auto (on for speculative)")})
+        "off (one batched forward: exact up to float ties), auto (on for speculative on an "
+        "accelerator, off on a CPU)")})
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

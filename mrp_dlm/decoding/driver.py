@@ -321,7 +321,7 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     stop_ids = torch.tensor(schedule.stop_token_ids, dtype=torch.long, device=device)
     active = torch.ones(len(prompts), dtype=torch.bool, device=device)
     finished = None  # the previous block, stored by the next block's first forward
-    invariant = invariant_enabled(config.invariant_verify, config.mode)
+    invariant = invariant_enabled(config.invariant_verify, config.mode, device)
     for index in range(layout.num_blocks):
         start = layout.prefix_slots + index * L
         block_positions = positions[:, start:start + L].contiguous()  # (B, L)

@@ -10,8 +10,8 @@ width), M forwards of (B, L) instead of one of (B, M*L). The cost is M weight re
 verify instead of one (docs/results.md, "what is exact where").
 
 `DecodeConfig.invariant_verify` chooses it per decode: on, off, or auto (on for
-speculative, the one mode that verifies). Only where it is on is speculation bit-exact to
-its rule by construction; elsewhere it is exact up to float ties.
+speculative, the one mode that verifies, on an accelerator; off on a CPU). Only where it is
+on is speculation bit-exact to its rule by construction; elsewhere exact up to float ties.
 
 Shapes: B batch, L block size, M copies, H hidden, V vocab.
 """
@@ -29,10 +29,13 @@ BIT_EXACT = "bit-exact"  # every verify copy ran as a lone forward
 UP_TO_TIES = "exact up to float ties"  # some verify ran batched: a near-tie may flip
 
 
-def invariant_enabled(choice: str, mode: str) -> bool:
+def invariant_enabled(choice: str, mode: str, device: torch.device) -> bool:
     """Whether verify copies run as lone forwards: `choice` is DecodeConfig.invariant_verify
-    ("on", "off", "auto" = on for speculative)."""
-    return choice == "on" or (choice == "auto" and mode == "speculative")
+    ("on", "off", "auto" = on for speculative on an accelerator, off on a CPU: there the
+    option takes speculation's whole gain, docs/design.md)."""
+    if choice == "auto":
+        return mode == "speculative" and torch.device(device).type != "cpu"
+    return choice == "on"
 
 
 def copies_as_lone(lone: Callable[[torch.Tensor], torch.Tensor],

@@ -7,7 +7,8 @@ bit-exact speculation by construction.
 - whole decodes: greedy speculation == its rule (dynamic at τ, static at 1.0) token for
   token in bfloat16 on tiny random checkpoints with the option on, no decision margin
   needed (the two see identical logits);
-- the option's resolution (auto: on for speculative) and what the stats say (exactness).
+- the option's resolution (auto: on for speculative on an accelerator, off on a CPU) and
+  what the stats say (exactness).
 
 These check bit-level facts of unperturbed arithmetic (`exact_arithmetic`): under the
 suite's logit noise a copy and a lone forward draw different noise.
@@ -76,11 +77,14 @@ def test_the_option_decides_the_verify_path():
         assert stats.exactness == (BIT_EXACT if invariant else UP_TO_TIES)
 
 
-def test_auto_is_on_for_speculative_only():
+def test_auto_is_on_for_speculative_on_an_accelerator():
     assert DecodeConfig().invariant_verify == "auto"
-    assert invariant_enabled("auto", "speculative")
-    assert not invariant_enabled("auto", "dynamic")
-    assert invariant_enabled("on", "static") and not invariant_enabled("off", "speculative")
+    assert invariant_enabled("auto", "speculative", torch.device("cuda", 0))
+    assert invariant_enabled("auto", "speculative", "mps")
+    assert not invariant_enabled("auto", "speculative", "cpu")
+    assert not invariant_enabled("auto", "dynamic", "cuda")
+    assert invariant_enabled("on", "speculative", "cpu")
+    assert not invariant_enabled("off", "speculative", "cuda")
     with pytest.raises(ValueError, match="invariant_verify"):
         DecodeConfig(invariant_verify="yes")
     assert DecodeStats().exactness == BIT_EXACT  # no verify ran: the rule's own forwards
@@ -104,7 +108,7 @@ def test_bf16_speculation_equals_its_rule_on_tiny_checkpoints():
                    for n in torch.randint(1, 21, (8,), generator=generator).tolist()]
         for threshold in (1.0, 0.9):
             config = DecodeConfig(mode="speculative", threshold=threshold, lookahead=3,
-                                  max_new_tokens=13)
+                                  max_new_tokens=13, invariant_verify="on")
             want, _ = decode(model, None, prompts, rule_of(config))
             for batch in (1, 8):
                 got = [ids for i in range(0, len(prompts), batch)
@@ -121,8 +125,8 @@ def test_a_decodes_stats_say_how_exact_it_is():
     model = random_backbone(tiny_config(), seed=1)
     prompts = [[5, 9, 11], [7, 3, 2, 8, 1, 4]]
     config = DecodeConfig(mode="speculative", threshold=1.0, max_new_tokens=13)
-    on = decode(model, None, prompts, config)[1]
-    off = decode(model, None, prompts, dataclasses.replace(config, invariant_verify="off"))[1]
+    on = decode(model, None, prompts, dataclasses.replace(config, invariant_verify="on"))[1]
+    off = decode(model, None, prompts, config)[1]  # auto on a CPU: the batched verify
     assert on.verify_forwards == on.lone_verify_forwards > 0
     assert on.to_dict()["exactness"] == BIT_EXACT
     assert off.verify_forwards > 0 == off.lone_verify_forwards
