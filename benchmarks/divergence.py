@@ -1,26 +1,30 @@
-"""How often speculative decoding departs from static decoding, at scale, and why.
+"""How often speculative decoding departs from its rule, at scale, and why.
 
-Not a test (never collected by pytest). Speculative decoding commits the static rule's
-pick computed on verify logits (M block copies in one forward); static decoding computes
-it on denoise logits (one copy). Those are equal up to float rounding
-(tests/decoding/test_verify_arithmetic.py), so the two outputs can differ only where a
-static choice is within float noise of flipping. This script counts the prompts where
-they differ, over:
+Not a test (never collected by pytest). Speculative decoding at τ commits its rule's pick
+(static at τ = 1.0, else dynamic at τ) computed on verify logits (M block copies in one
+forward); the rule computes it on denoise logits (one copy). With `--invariant-verify off`
+those are equal up to float rounding (tests/decoding/test_verify_arithmetic.py), so the
+two outputs can differ only where a choice is within float noise of flipping; `on` (each
+copy a lone forward, `model/invariant.py`) makes them equal bit for bit. This script
+counts the prompts where they differ, per option, over:
 - sources: the embedded model and head on the held-out `arith` and `arith-code` prompts,
   and random tiny checkpoints (tests/conftest.py) with random heads, block 4 and 16;
-- dtypes float32 and bfloat16, batch 1 and 8, lookahead K = 3.
+- dtypes float32 and bfloat16, batch 1 and 8, lookahead K = 3, τ = `--threshold`;
+- `--invariant-verify` off and on.
 For each differing prompt it reports its noise margin: the smallest relative logit noise
-(1e-7 ... 1e-2) that moves that prompt's own static output (tests/margins.py). A
+(1e-7 ... 1e-2) that moves that prompt's own rule output (tests/margins.py). A
 divergence with a large noise margin would be a bug, not rounding.
 
 Prints a table, then one JSON line last (config, git commit, hardware, results).
 
-    python benchmarks/divergence.py [--embedded-prompts 250] [--tiny-prompts 500] [--out FILE]
+    python benchmarks/divergence.py [--embedded-prompts 250] [--tiny-prompts 500]
+        [--threshold 1.0] [--options off,on] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -38,6 +42,7 @@ from margins import perturbed_logits  # noqa: E402
 from mrp_dlm.config import DecodeConfig  # noqa: E402
 from mrp_dlm.decoding.driver import generate  # noqa: E402
 from mrp_dlm.decoding.modes import make_decoder  # noqa: E402
+from mrp_dlm.eval.grid import rule_of  # noqa: E402
 from mrp_dlm.eval.provenance import git_commit, hardware  # noqa: E402
 from mrp_dlm.pipeline import Pipeline  # noqa: E402
 from mrp_dlm.tasks.registry import get_task  # noqa: E402
@@ -96,14 +101,15 @@ def noise_margin(model, prompt, config, want) -> float:
     return float("inf")
 
 
-def compare(source: Source, dtype: torch.dtype, batch: int) -> dict:
+def compare(source: Source, dtype: torch.dtype, batch: int, threshold: float,
+            option: str) -> dict:
     model, head = source.model.to(dtype), source.head.to(dtype)
-    common = dict(max_new_tokens=source.max_new_tokens)
-    static_config = DecodeConfig(mode="static", **common)
+    spec_config = DecodeConfig(mode="speculative", lookahead=LOOKAHEAD, threshold=threshold,
+                               max_new_tokens=source.max_new_tokens, invariant_verify=option)
+    static_config = rule_of(spec_config)  # the rule speculation must equal
     began = time.perf_counter()
     static = decode_all(model, None, source.prompts, static_config, batch)
-    spec = decode_all(model, head, source.prompts,
-                      DecodeConfig(mode="speculative", lookahead=LOOKAHEAD, **common), batch)
+    spec = decode_all(model, head, source.prompts, spec_config, batch)
     differ = [i for i, (a, b) in enumerate(zip(static, spec)) if a != b]
     divergences = []
     for i in differ:
@@ -112,6 +118,7 @@ def compare(source: Source, dtype: torch.dtype, batch: int) -> dict:
         divergences.append(dict(prompt=i, first_token=first, noise_margin=noise_margin(
             model, source.prompts[i], static_config, static[i])))
     return dict(source=source.name, dtype=str(dtype).removeprefix("torch."), batch=batch,
+                invariant_verify=option,
                 prompts=len(source.prompts), differ=len(differ), divergences=divergences,
                 seconds=round(time.perf_counter() - began, 1))
 
@@ -121,35 +128,40 @@ def main() -> int:
     parser.add_argument("--embedded-prompts", type=int, default=250, help="per embedded task")
     parser.add_argument("--tiny-prompts", type=int, default=500, help="over all tiny models")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threshold", type=float, default=1.0, help="τ (1.0: static)")
+    parser.add_argument("--options", default="off,on", help="--invariant-verify values")
     parser.add_argument("--out", default=None, help="also write the JSON result here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    sources = tiny_sources(args.tiny_prompts) + embedded_sources(args.embedded_prompts)
+    sources = tiny_sources(args.tiny_prompts) + (
+        embedded_sources(args.embedded_prompts) if args.embedded_prompts else [])
     rows = []
     with torch.no_grad():
-        for dtype in (torch.float32, torch.bfloat16):
-            for batch in (1, 8):
-                for source in sources:
-                    rows.append(compare(source, dtype, batch))
-                    row = rows[-1]
-                    print(f"{row['source']:>14} {row['dtype']:>8} b{batch}: {row['differ']:4d} of "
-                          f"{row['prompts']:4d} differ  margins "
-                          f"{[d['noise_margin'] for d in row['divergences']][:8]}  "
-                          f"({row['seconds']} s)", flush=True)
+        for dtype, batch, option, source in itertools.product(
+                (torch.float32, torch.bfloat16), (1, 8), args.options.split(","), sources):
+            rows.append(compare(source, dtype, batch, args.threshold, option))
+            row = rows[-1]
+            print(f"{row['source']:>14} {row['dtype']:>8} b{batch} {option:>3}: "
+                  f"{row['differ']:4d} of "
+                  f"{row['prompts']:4d} differ  margins "
+                  f"{[d['noise_margin'] for d in row['divergences']][:8]}  "
+                  f"({row['seconds']} s)", flush=True)
     summary = {}
     for row in rows:
         kind = "embedded" if row["source"] == "embedded" else "tiny"
-        key = f"{kind} {row['dtype']} b{row['batch']}"
+        key = f"{kind} {row['dtype']} b{row['batch']} {row['invariant_verify']}"
         total = summary.setdefault(key, dict(prompts=0, differ=0, margins=[]))
         total["prompts"] += row["prompts"]
         total["differ"] += row["differ"]
         total["margins"] += [d["noise_margin"] for d in row["divergences"]]
-    print("\n| source dtype batch | prompts | differ | rate | noise margins of the differing |")
+    print("\n| source dtype batch option | prompts | differ | rate | noise margins of the "
+          "differing |")
     print("| --- | --- | --- | --- | --- |")
     for key, total in summary.items():
         print(f"| {key} | {total['prompts']} | {total['differ']} | "
               f"{total['differ'] / total['prompts']:.2%} | {sorted(total['margins'])} |")
     report = dict(config=dict(lookahead=LOOKAHEAD, noise_levels=NOISE_LEVELS,
+                              threshold=args.threshold, options=args.options,
                               embedded_prompts_per_task=args.embedded_prompts,
                               tiny_prompts=args.tiny_prompts, threads=args.threads),
                   commit=git_commit(), hardware=hardware("cpu"), summary=summary, rows=rows)

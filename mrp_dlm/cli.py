@@ -279,8 +279,9 @@ def cmd_bench(args: argparse.Namespace, decode_fields: list[str]) -> int:
     rows = report["rows"]
     print(pareto.markdown(rows) if args.pareto else bench.markdown(rows))
     for row in bench.lossless_violations(rows):
-        print(f"WARNING: {row['label']} is lossless by construction but differs from "
-              f"{row['reproduces']} on {row['differing_from_rule']} of {row['n']} problems")
+        print(f"WARNING: {row['label']} is lossless by construction ({row['exactness']}) but "
+              f"differs from {row['reproduces']} on {row['differing_from_rule']} of {row['n']} "
+              "problems")
     print("wrote " + ", ".join(str(path) for path in paths))
     if args.json:  # the whole report (8 KB for the default grid) is also in bench.json
         print(json.dumps(report))

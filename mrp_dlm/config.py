@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = ["BACKBONE_PRESETS", "CUDA_DTYPE", "DEFAULT_DEVICE", "DEFAULT_DTYPE", "DISTILL_DECODE",
-           "DISTILL_FORMATS", "DRAFTERS", "DTYPE_NAMES", "MODES", "MRP_MODES", "REMASK_RULES",
-           "REVEAL_RULES", "SDAR_BLOCK_SIZE", "SDAR_MASK_TOKEN_ID", "SDAR_STOP_TOKEN_IDS",
-           "STRATEGIES", "BackboneConfig", "BlockSchedule", "DecodeConfig", "DistillConfig",
-           "HeadConfig", "HeadTrainConfig", "RunConfig", "TrainConfig", "dtype_for"]
+           "DISTILL_FORMATS", "DRAFTERS", "DTYPE_NAMES", "INVARIANT_CHOICES", "MODES", "MRP_MODES",
+           "REMASK_RULES", "REVEAL_RULES", "SDAR_BLOCK_SIZE", "SDAR_MASK_TOKEN_ID",
+           "SDAR_STOP_TOKEN_IDS", "STRATEGIES", "BackboneConfig", "BlockSchedule", "DecodeConfig",
+           "DistillConfig", "HeadConfig", "HeadTrainConfig", "RunConfig", "TrainConfig",
+           "dtype_for"]
 
 # SDAR family defaults: the published config.json files lack these keys and every engine
 # hard-codes them.
@@ -31,6 +32,7 @@ _LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per
 MODES = STRATEGIES + MRP_MODES
 REMASK_RULES = ("chain", "paper")  # see `decoding/remask.py`, `decoding/veto.py`
 DRAFTERS = ("head", "self")  # what speculative decoding drafts with, see `decoding/drafting.py`
+INVARIANT_CHOICES = ("auto", "on", "off")  # verify copies as lone forwards: `model/invariant.py`
 # What a model loads in unless told (Pipeline, `mrp`). Plain names, so that the CLI builds its
 # help without importing torch (`model/loading.py` maps them to torch dtypes).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model loads in
@@ -177,6 +179,11 @@ class DecodeConfig:
         "and the head's steps as CUDA graphs per batch bucket (rows padded to a power of two) "
         "and replay them; on a CPU or an MoE backbone the same steps run eager. Off until "
         "measured on a GPU")})
+    invariant_verify: str = field(default="auto", metadata={"help": (
+        "run each verify copy as a lone denoise forward, so its logits equal the rule's bit "
+        "for bit by construction (speculation bit-exact; costs M weight reads per verify): on, "
+        "off (one batched forward: exact up to float ties), auto (on for speculative on an "
+        "accelerator, off on a CPU)")})
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -199,6 +206,9 @@ class DecodeConfig:
         if self.drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {self.drafter!r}; choose one of "
                              f"{', '.join(DRAFTERS)}")
+        if self.invariant_verify not in INVARIANT_CHOICES:
+            raise ValueError(f"unknown invariant_verify {self.invariant_verify!r}; choose one of "
+                             f"{', '.join(INVARIANT_CHOICES)}")
         if self.remask_delta < 0:
             raise ValueError(f"remask_delta must be >= 0, got {self.remask_delta}")
         if self.entropy_bound < 0:

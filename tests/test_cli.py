@@ -63,7 +63,8 @@ def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     table = {tuple(line.split()[:3]): line for line in lines[header + 1:header + 15]}
     assert table["arith", "static", "-"].split()[6:9] == ["1.00x", "-", "-"]
     spec = table["arith", "speculative", "lookahead=3"]
-    assert "dynamic:0.9" in spec and " 2/2 " in spec and " yes " in spec
+    # yes*: exact up to float ties, the CPU's batched verify (`--invariant-verify` auto)
+    assert "dynamic:0.9" in spec and " 2/2 " in spec and " yes* " in spec
     speed = next(row for row in report if row["task"] == "arith"
                  and row["family"] == "speculative")["speedup_vs_rule"]
     assert f"{speed:.2f}x" + (" slower" if speed < 1 else "") in spec and "self:" in spec

@@ -35,6 +35,7 @@ from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.model.backbone import Backbone
 from mrp_dlm.model.cache import KVCache
 from mrp_dlm.model.head import MRPHead
+from mrp_dlm.model.invariant import copies_as_lone, invariant_enabled
 from mrp_dlm.model.masks import block_causal_mask, copies_mask, store_and_next_mask
 
 
@@ -90,8 +91,10 @@ class Counters:
         self.stats.store_forwards += int(store)
         self.row_forwards += active.sum()
 
-    def add_verify(self, active: torch.Tensor) -> None:
+    def add_verify(self, active: torch.Tensor, lone: bool = False) -> None:
+        """`lone`: its copies ran as lone forwards (`BlockContext.invariant`)."""
         self.stats.verify_forwards += 1
+        self.stats.lone_verify_forwards += int(lone)
         self.row_forwards += active.sum()
 
     def add_commits(self, commit: torch.Tensor) -> None:
@@ -128,6 +131,7 @@ class BlockContext:
     pending: BackboneStep | None = None  # the block's first step, computed with the last store
     masks: dict[int | str, torch.Tensor] = field(default_factory=dict)  # by copies, or
     # STORE_AND_NEXT: the previous block's store with this block's first step
+    invariant: bool = False  # verify copies as lone forwards (DecodeConfig.invariant_verify)
     bucket: Bucket | None = None  # runs the forwards over `cache` (None: eager ones)
 
     def __post_init__(self) -> None:
@@ -202,8 +206,12 @@ class BlockContext:
         return BackboneStep(base_hidden, self.model.logits(base_hidden))
 
     def verify(self, states: torch.Tensor) -> BackboneStep:
-        """The backbone on M block states (B, M*L) in one verify forward."""
-        self.counters.add_verify(self.active)
+        """The backbone on M block states (B, M*L) in one verify forward; with `invariant`,
+        each copy as a lone denoise forward (`model/invariant.py`: bit-equal logits)."""
+        self.counters.add_verify(self.active, self.invariant)
+        if self.invariant:
+            return BackboneStep(*copies_as_lone(self.forward, self.model.logits, states,
+                                                self.schedule.block_size))
         base_hidden = self.forward(states)  # (B, M*L, H)
         return BackboneStep(base_hidden, self.model.logits(base_hidden))
 
@@ -363,11 +371,13 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     active = torch.arange(batch, device=device) < len(prompts)  # (B,) bool
     finished = None  # the previous block, stored by the next block's first forward
     left = L - min(len(p) % L for p in prompts)  # masks of the first block
+    invariant = invariant_enabled(config.invariant_verify, config.mode, device)
     for index in range(layout.num_blocks):
         start = layout.prefix_slots + index * L
         block_positions = positions[:, start:start + L].contiguous()  # (B, L)
         context = BlockContext(model, cache, schedule, start, block_positions, key_valid, active,
-                               counters, stops, head, bucket=caches)
+                               counters, stops, head, bucket=caches,
+                               invariant=invariant)
         if head is not None:
             head.begin(start, block_positions)
         block = tokens[:, start:start + L].clone()  # (B, L)

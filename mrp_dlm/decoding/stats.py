@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from mrp_dlm.model.invariant import BIT_EXACT, UP_TO_TIES
+
 
 @dataclass
 class DecodeStats:
@@ -13,6 +15,7 @@ class DecodeStats:
     prefill_forwards: int = 0  # backbone forwards over the prompts' full blocks
     denoise_forwards: int = 0  # backbone forwards on one block state (a speculative seed too)
     verify_forwards: int = 0  # backbone forwards checking M block states at once
+    lone_verify_forwards: int = 0  # of which ran each copy as a lone forward (bit-exact)
     store_forwards: int = 0  # denoise forwards that also wrote the previous block's keys/values
     head_forwards: int = 0  # MRP head forwards (each with one lm_head projection)
     head_store_forwards: int = 0  # head forwards that only wrote finished blocks' head keys
@@ -59,6 +62,12 @@ class DecodeStats:
         return self.accepted / self.rounds if self.rounds else 0.0
 
     @property
+    def exactness(self) -> str:
+        """What speculation's equality to its rule rests on: bit-exact when every verify ran
+        its copies as lone forwards (or none ran), else exact up to float ties."""
+        return BIT_EXACT if self.lone_verify_forwards == self.verify_forwards else UP_TO_TIES
+
+    @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
@@ -75,5 +84,5 @@ class DecodeStats:
         return {**asdict(self), "backbone_forwards": self.backbone_forwards,
                 "tokens_per_forward": round(self.tokens_per_forward, 4),
                 "tokens_per_denoise_forward": round(self.tokens_per_denoise_forward, 4),
-                "mean_accepted": round(self.mean_accepted, 4),
+                "mean_accepted": round(self.mean_accepted, 4), "exactness": self.exactness,
                 "tokens_per_second": round(self.tokens_per_second, 2)}

@@ -50,7 +50,8 @@ MARKDOWN_COLUMNS = (("task", "task"), ("label", "mode"), ("accuracy", "acc"),
                     ("speedup_vs_self", "vs self-drafts"), ("self_draft_share", "self-draft share"),
                     ("mean_accepted", "accepted/round"),
                     ("forward_cost_vs_rule", "fwd cost vs rule"),
-                    ("identical_to_static", "same as static"), ("lossless", "lossless"))
+                    ("identical_to_static", "same as static"), ("lossless", "lossless"),
+                    ("exactness", "exact"))
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,8 @@ def bench_row(scope: str, results: list[EvalResult], static: list[EvalResult],
             **rule_columns(results, rule),
             **draft_columns(stats, drafts_self),
             "identical_to_static": round(identical(results, static) / max(n, 1), 4),
-            "lossless": config.mode in LOSSLESS_MODES}
+            "lossless": config.mode in LOSSLESS_MODES,
+            "exactness": stats.exactness if config.mode in LOSSLESS_MODES else None}
 
 
 def bench_rows(scope: str, grids: list[GridResults]) -> list[dict]:

@@ -169,11 +169,12 @@ def test_lossless_violations_and_markdown_placeholders():
                  tokens_per_denoise_forward=1.0, tokens_per_second=3.0, speedup=0.5,
                  reproduces="static", identical_to_rule=0.5, speedup_vs_rule=0.5,
                  speedup_vs_self=1.1, self_draft_share=None, mean_accepted=None,
-                 forward_cost_vs_rule=2.0, identical_to_static=0.5, lossless=True)]
+                 forward_cost_vs_rule=2.0, identical_to_static=0.5, lossless=True,
+                 exactness="exact up to float ties")]
     assert bench.lossless_violations(rows) == rows
     assert bench.lossless_violations([{**rows[0], "lossless": False}]) == []
     assert ("| t | speculative:2@1 | 1.0 | 1.0 | 1.0 | 3.0 | 0.5 | static | 0.5 | 0.5 | 1.1 | - "
-            "| - | 2.0 | 0.5 | True |") in bench.markdown(rows)
+            "| - | 2.0 | 0.5 | True | exact up to float ties |") in bench.markdown(rows)
 
 
 def test_configs_take_turns_batch_by_batch(monkeypatch):
