@@ -51,7 +51,7 @@ from probe_timing import SKIP_NO_CUDA  # noqa: E402
 # Lookups: the names the GPU-ready branches give their options. Their APIs are not final;
 # rename here (and only here) after merging. A name not found is recorded as "absent".
 GRAPHS_FIELD = "cuda_graphs"  # DecodeConfig field: one captured CUDA graph per shape bucket
-INVARIANT_FIELD = "batch_invariant"  # DecodeConfig field: batch-invariant verify copies
+INVARIANT_FIELD = "invariant_verify"  # DecodeConfig field: verify copies as lone forwards
 ATTENTION_MODULE = "mrp_dlm.model.attention"  # the fused attention path
 ATTENTION_ENTRY = "attend"  # its function, called as attend(q, k, v, mask, path="fused"):
 # q (B, nh, T, hd), k/v (B, nkv, S, hd), mask (B, T, S) bool -> (B, nh, T, hd)

@@ -71,6 +71,10 @@ def equal_count(got: list[list[int]], want: list[list[int]] | None) -> str | Non
     return f"{sum(a == b for a, b in zip(got, want))}/{len(want)}"
 
 
+INVARIANT = "invariant_verify"  # DecodeConfig field: verify copies as lone forwards (auto: on
+# for speculative on CUDA); each speculative config runs again with it "off"
+
+
 def dtype_rows(dtype: str, grid: str, setting, device: str, deadline, toggles: dict,
                recorded: tuple[str, ...]) -> tuple[list[dict], str | None]:
     """Rows of every config (and again with the `toggles` set) in one dtype; why it stopped
@@ -93,6 +97,16 @@ def dtype_rows(dtype: str, grid: str, setting, device: str, deadline, toggles: d
         rule = None if (rule, False) == (label, bool(opts)) else rule
         rows.append(row | dict(dtype=dtype, toggled=opts, rule=rule, equal_to_rule=equal_count(
             outputs[label, bool(opts)], outputs.get((rule, False)))))
+    for config in configs:  # speculation's batched verify against its rule (divergence)
+        if config.mode != "speculative" or INVARIANT not in recorded:
+            continue
+        if deadline.passed():
+            return rows, f"stopped before {dtype} {grid_label(config)} batched verify"
+        batched = dataclasses.replace(config, **{INVARIANT: "off"})
+        row, ids = decode_row(pipe, prompts, batched, device, recorded)
+        rule = grid_label(rule_of(config))
+        rows.append(row | dict(dtype=dtype, toggled={INVARIANT: "off"}, rule=rule,
+                               equal_to_rule=equal_count(ids, outputs.get((rule, False)))))
     return rows, None
 
 
