@@ -118,11 +118,12 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
-def random_head(model: Backbone, seed: int, norm: float = 1.0, std: float = 0.5) -> MRPHead:
+def random_head(model: Backbone, seed: int, norm: float = 1.0, std: float = 0.5,
+                layers: int = 1) -> MRPHead:
     """A badly initialised head: N(0, std) matrices and norms near `norm` (the final one too,
     which a fresh head has at zero), so it predicts large, wrong residuals."""
     generator = torch.Generator().manual_seed(500 + seed)
-    head = MRPHead(model.config, HeadConfig(num_layers=1))
+    head = MRPHead(model.config, HeadConfig(num_layers=layers))
     with torch.no_grad():
         for param in head.parameters():
             noise = torch.randn(param.shape, generator=generator)

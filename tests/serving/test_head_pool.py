@@ -21,9 +21,8 @@ from sglang_env import require_sglang
 
 require_sglang()
 
-from conftest import random_backbone, tiny_config  # noqa: E402
-from mrp_dlm.config import HeadConfig  # noqa: E402
-from mrp_dlm.model.head import HeadAttention, KeyRecorder, MRPHead  # noqa: E402
+from conftest import random_backbone, random_head, tiny_config  # noqa: E402
+from mrp_dlm.model.head import HeadAttention, KeyRecorder  # noqa: E402
 from mrp_dlm.serving.head_pool import HeadContext, HeadPool, Prefix  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -63,13 +62,7 @@ class LiveBytes(TorchDispatchMode):
 
 def two_layer_head():
     model = random_backbone(tiny_config(num_kv_heads=2), seed=3)
-    head = MRPHead(model.config, HeadConfig(num_layers=2))
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(9)
-        for param in head.parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(0.5 * noise if param.dim() == 2 else 1.0 + 0.1 * noise)
-    return model, head.eval()
+    return model, random_head(model, 9, layers=2)
 
 
 def filled_pool(model, head, slots: int) -> HeadPool:

@@ -23,8 +23,7 @@ from sglang_env import require_sglang
 
 require_sglang()
 
-from conftest import random_backbone, tiny_config  # noqa: E402
-from mrp_dlm.config import HeadConfig  # noqa: E402
+from conftest import random_backbone, random_head, tiny_config  # noqa: E402
 from mrp_dlm.model.head import MRPHead  # noqa: E402
 from mrp_dlm.serving.head_pool import HeadContext, HeadPool, Prefix  # noqa: E402
 from mrp_dlm.serving.head_tp import Split, kv_heads_of, shard_head  # noqa: E402
@@ -44,13 +43,7 @@ def free_port() -> int:
 def two_layer_head(num_kv_heads: int):
     """(backbone, a random 2-layer head with an even MLP width) for `num_kv_heads`."""
     model = random_backbone(tiny_config(num_kv_heads=num_kv_heads, intermediate_size=38), seed=3)
-    head = MRPHead(model.config, HeadConfig(num_layers=2))
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(9)
-        for param in head.parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            param.copy_(0.5 * noise if param.dim() == 2 else 1.0 + 0.1 * noise)
-    return model, head.eval()
+    return model, random_head(model, 9, layers=2)
 
 
 def two_blocks(model, head: MRPHead) -> torch.Tensor:
