@@ -22,3 +22,12 @@ def test_runs_end_with_the_summary_line(tmp_path, quiet):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert re.search(r"\b1 passed\b", run.stdout.strip().splitlines()[-1]), run.stdout
+
+
+def test_test_files_have_unique_basenames():
+    """The test folders are not packages, so pytest imports each file by its basename: two
+    files with the same name stop the whole collection ("import file mismatch")."""
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a basename"
+        seen[path.name] = path
