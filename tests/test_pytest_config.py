@@ -24,10 +24,21 @@ def test_runs_end_with_the_summary_line(tmp_path, quiet):
     assert re.search(r"\b1 passed\b", run.stdout.strip().splitlines()[-1]), run.stdout
 
 
-def test_test_files_have_unique_basenames():
-    """The test folders are not packages, so pytest imports each file by its basename: two
-    files with the same name stop the whole collection ("import file mismatch")."""
+def module_name(path: Path) -> str:
+    """The name pytest imports a test file under: its basename, prefixed by each enclosing
+    folder that is a package (has an __init__.py)."""
+    parts, folder = [path.stem], path.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts)
+
+
+def test_test_files_have_unique_module_names():
+    """Most test folders are not packages, so pytest imports their files by basename: two
+    such files with the same name stop the whole collection ("import file mismatch")."""
     seen: dict[str, Path] = {}
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        assert path.name not in seen, f"{path} and {seen[path.name]} share a basename"
-        seen[path.name] = path
+        name = module_name(path)
+        assert name not in seen, f"{path} and {seen[name]} both import as {name}"
+        seen[name] = path
