@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig, check_block_divides, dtype_for
-from mrp_dlm.decoding.cost_cache import CostCache, cost_identity, default_dir
+from mrp_dlm.decoding.cost_cache import CostCache, Learnt, cost_identity, default_dir
 from mrp_dlm.decoding.driver import Decoder, generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.speculative import SpeculativeDecoder
@@ -89,7 +89,9 @@ class Pipeline:
                     "cuda_graphs": config.cuda_graphs}
         cache = CostCache(self.cost_dir or default_dir(),
                           cost_identity(self.model, decoder.head, settings))
-        decoder.planner.start_from(cache.load())
+        planner = decoder.planner
+        learnt = cache.load(planner.lookahead, planner.sources[0])
+        planner.start_from(learnt.costs, learnt.probes)
         self.cost_caches[config] = cache
 
     def save_costs(self, config: DecodeConfig) -> None:
@@ -97,7 +99,7 @@ class Pipeline:
         cache = self.cost_caches.get(config)
         decoder = self.decoders.get(config)
         if cache is not None and isinstance(decoder, SpeculativeDecoder):
-            cache.save(decoder.planner.costs)
+            cache.save(Learnt(dict(decoder.planner.costs), dict(decoder.planner.probes)))
 
     @property
     def dtype(self) -> str:

@@ -4,28 +4,29 @@ A `DraftPlanner` learns its `RoundCosts` per batch key from its first rounds (`c
 a one-shot process pays those timing rounds every time. A `CostCache` keeps them in one
 JSON file per identity of what was timed (`cost_identity`: the backbone's and the head's
 fingerprints, device, dtype, torch's threads, and the decode settings that shape a round),
-holding the costs by batch key. A later process starts its planner from them (no timing
-rounds for a known batch key); what it learns for new batch keys is written back at the end
-of a call. Files are written atomically (`files.write_atomic`); a file that cannot be read
-or parsed is ignored (logged once), never fatal. The directory: `default_dir()` (the user
-cache dir, $XDG_CACHE_HOME or ~/.cache, under mrp-dlm/costs), chosen by the caller
-(`Pipeline`); `--no-cost-cache` (`DecodeConfig.cost_cache`) reads and writes nothing.
+holding the costs by batch key (`Learnt`; a probe's samples while it runs: a one-shot call
+often ends before its probe does). A later process starts its planner from them (no timing
+rounds for a known batch key, a probe resumed for one half learnt); what it learns is
+written back at the end of a call, atomically (`files.write_atomic`). A file that cannot
+be read is ignored (logged once), never fatal. The folder: `default_dir()` ($XDG_CACHE_HOME
+or ~/.cache, under mrp-dlm/costs) unless the caller (`Pipeline`) names another;
+`--no-cost-cache` (`DecodeConfig.cost_cache`) reads and writes nothing.
 
 Deliberately not here: how costs are learnt (`costs.py`) and used (`drafting.py`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
 import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from mrp_dlm.decoding.costs import RoundCosts
+from mrp_dlm.decoding.costs import CostProbe, RoundCosts
 from mrp_dlm.files import write_atomic
 
 FORMAT = 1  # bumped when what a file holds changes: files of another format are ignored
@@ -65,6 +66,33 @@ def cost_identity(model: torch.nn.Module, head: torch.nn.Module | None,
             "threads": torch.get_num_threads(), **settings}
 
 
+@dataclass
+class Learnt:
+    """What a planner learnt of one identity's costs: by batch key, the costs once known,
+    a probe's samples while not (a one-shot call often ends before its probe does)."""
+
+    costs: dict[int, RoundCosts] = field(default_factory=dict)
+    probes: dict[int, CostProbe] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"costs": {str(key): asdict(value) for key, value in self.costs.items()},
+                "probes": {str(key): {"forward": probe.forward, "head_steps": probe.head_steps,
+                                      "verify_seconds": {str(v): seconds for v, seconds
+                                                         in probe.verify_seconds.items()}}
+                           for key, probe in self.probes.items() if key not in self.costs}}
+
+    @classmethod
+    def from_json(cls, data: dict, lookahead: int, source: str) -> "Learnt":
+        """`to_json`'s; probes as the planner makes them (`lookahead`, `source`)."""
+        probes = {int(key): CostProbe(lookahead, source, [float(t) for t in fields["forward"]],
+                                      {int(v): [float(t) for t in seconds] for v, seconds
+                                       in fields["verify_seconds"].items()},
+                                      [float(t) for t in fields["head_steps"]])
+                  for key, fields in data["probes"].items()}
+        return cls({int(key): RoundCosts(**fields) for key, fields in data["costs"].items()},
+                   probes)
+
+
 class CostCache:
     """One identity's costs by batch key, in `directory` (module docstring)."""
 
@@ -72,35 +100,37 @@ class CostCache:
         self.identity = identity
         name = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
         self.path = Path(directory) / f"{name}.json"
-        self.saved: dict[int, RoundCosts] = {}  # what the file held, or was last written
+        self.saved: dict = {}  # what the file held, or was last written (`Learnt.to_json`)
 
-    def load(self) -> dict[int, RoundCosts]:
-        """The costs by batch key the file holds ({} when absent, unreadable or another
-        identity's; logged once when it exists but cannot be used)."""
+    def load(self, lookahead: int, source: str) -> Learnt:
+        """What the file holds (nothing when absent, unreadable or another identity's;
+        logged once when it exists but cannot be used); probes as `Learnt.from_json`."""
         if not self.path.is_file():
-            return {}
+            return Learnt()
         try:
             data = json.loads(self.path.read_text())
             if data["identity"] != self.identity:
                 raise ValueError("another identity")
-            self.saved = {int(key): RoundCosts(**fields) for key, fields in data["costs"].items()}
+            learnt = Learnt.from_json(data, lookahead, source)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             log.warning("ignoring the round cost cache %s (%s)", self.path, error)
-            return {}
-        return dict(self.saved)
+            return Learnt()
+        self.saved = learnt.to_json()
+        return learnt
 
-    def save(self, costs: dict[int, RoundCosts]) -> None:
-        """The file holds `costs` (with what it held), when they add to it; a failure to
-        write is logged, never raised."""
-        merged = {**self.saved, **costs}
-        if merged == self.saved:
+    def save(self, learnt: Learnt) -> None:
+        """The file holds `learnt` (with the costs it held), when that changes it; a
+        failure to write is logged, never raised."""
+        known = {int(key): RoundCosts(**fields)
+                 for key, fields in self.saved.get("costs", {}).items()}
+        data = Learnt({**known, **learnt.costs}, learnt.probes).to_json()
+        if data == self.saved:
             return
-        data = {"identity": self.identity,
-                "costs": {str(key): dataclasses.asdict(value) for key, value in merged.items()}}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, lambda tmp: tmp.write_text(json.dumps(data, indent=1)))
+            text = json.dumps({"identity": self.identity, **data}, indent=1)
+            write_atomic(self.path, lambda tmp: tmp.write_text(text))
         except OSError as error:
             log.warning("could not write the round cost cache %s (%s)", self.path, error)
             return
-        self.saved = merged
+        self.saved = data

@@ -223,13 +223,18 @@ class DraftPlanner:
         elif size > 1:
             self.set_rounds.setdefault((key, copies), []).append(seconds)
 
-    def start_from(self, costs: dict[int, RoundCosts]) -> None:
-        """Round costs measured before (by an earlier process, `cost_cache.py`): a batch key
-        among them plans from them, with no timing rounds. Adaptive only."""
-        if self.adaptive:
-            for key, known in costs.items():
-                self.costs.setdefault(key, known)
-                self.probes.pop(key, None)
+    def start_from(self, costs: dict[int, RoundCosts], probes: dict[int, CostProbe]) -> None:
+        """What an earlier process learnt (`cost_cache.py`): a batch key with costs plans
+        from them, with no timing rounds; one with a probe's samples resumes that probe.
+        Adaptive only."""
+        if not self.adaptive:
+            return
+        for key, probe in probes.items():
+            if key not in self.costs:
+                self.probes.setdefault(key, probe)
+        for key, known in costs.items():
+            self.costs.setdefault(key, known)
+            self.probes.pop(key, None)
 
     @property
     def most_size(self) -> int:

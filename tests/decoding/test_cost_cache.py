@@ -1,7 +1,8 @@
 """The planner's round costs remembered on disk (`decoding/cost_cache.py`).
 
-- a fresh pipeline (as a later process) with the same cache folder starts from the costs
-  the first learnt: no timed probe round before its first draft, and the same output;
+- a fresh pipeline per call (as one process per prompt) resumes the probe the call before
+  left unfinished, and once the costs are learnt, a fresh pipeline with the same cache
+  folder starts from them: no timed probe round before its first draft, the same output;
 - the key: another batch size is probed afresh; another dtype, thread count, head or
   lookahead is another file;
 - a corrupt file is ignored (logged once), a crash mid-write leaves the old file whole;
@@ -19,8 +20,8 @@ import torch
 
 from conftest import random_backbone, random_head, run_cli, tiny_config
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.cost_cache import CostCache, cost_identity, default_dir
-from mrp_dlm.decoding.costs import RoundCosts
+from mrp_dlm.decoding.cost_cache import CostCache, Learnt, cost_identity, default_dir
+from mrp_dlm.decoding.costs import HEAD, SELF, CostProbe, RoundCosts
 from mrp_dlm.decoding.drafting import DraftPlanner
 from mrp_dlm.pipeline import Pipeline
 
@@ -55,8 +56,17 @@ def probed_plans(pipe: Pipeline, config: DecodeConfig) -> list[bool]:
 
 def test_a_later_pipeline_starts_from_the_costs_learnt_before(saved_model_and_head, tmp_path):
     model_dir, head_dir = saved_model_and_head
-    first = Pipeline.load(model_dir, head=head_dir, cost_dir=tmp_path / "costs")
-    costs = learnt(first)
+    costs, samples = {}, []
+    for _ in range(12):  # one pipeline per call, as one process per prompt
+        pipe = Pipeline.load(model_dir, head=head_dir, cost_dir=tmp_path / "costs")
+        planner = pipe.decoder(CONFIG).planner
+        resumed = sum(len(probe.forward) for probe in planner.probes.values())
+        samples.append(resumed)
+        pipe.generate(PROMPT, CONFIG)
+        if planner.costs:
+            costs = dict(planner.costs)
+            break
+    assert costs and samples[0] == 0 and all(b > a for a, b in zip(samples, samples[1:]))
     assert len(list((tmp_path / "costs").glob("*.json"))) == 1  # written at the call's end
     later = Pipeline.load(model_dir, head=head_dir, cost_dir=tmp_path / "costs")
     assert later.decoder(CONFIG).planner.costs == costs  # before any round
@@ -67,13 +77,23 @@ def test_a_later_pipeline_starts_from_the_costs_learnt_before(saved_model_and_he
     assert later.generate(PROMPT, CONFIG).token_ids == fresh.generate(PROMPT, CONFIG).token_ids
 
 
+def test_a_probe_resumes_from_its_samples(tmp_path):
+    probe = CostProbe(3, HEAD, [0.01, 0.02], {4: [0.03]}, [0.004])
+    CostCache(tmp_path, {"model": "m"}).save(Learnt({2: RoundCosts(0.1, 0.2)}, {1: probe}))
+    learnt = CostCache(tmp_path, {"model": "m"}).load(3, HEAD)
+    planner = DraftPlanner(lookahead=3, adaptive=True)
+    planner.start_from(learnt.costs, learnt.probes)
+    assert planner.probes[1] == probe and planner.plan(1).probe is planner.probes[1]
+    assert planner.plan(2).probe is None and planner.costs[2] == RoundCosts(0.1, 0.2)
+
+
 def test_another_batch_size_is_probed_afresh():
     planner = DraftPlanner(lookahead=3, adaptive=True)
-    planner.start_from({1: RoundCosts(head_step=0.1, copy=0.2)})
+    planner.start_from({1: RoundCosts(head_step=0.1, copy=0.2)}, {})
     assert planner.plan(1).probe is None and planner.plan(4).probe is not None
     fixed = DraftPlanner(lookahead=3, adaptive=False)
-    fixed.start_from({1: RoundCosts(head_step=0.1, copy=0.2)})
-    assert not fixed.costs  # not adaptive: nothing is kept
+    fixed.start_from({1: RoundCosts(head_step=0.1, copy=0.2)}, {1: CostProbe(3)})
+    assert not fixed.costs and not fixed.probes  # not adaptive: nothing is kept
 
 
 def test_the_key_separates_dtype_threads_head_and_settings(tmp_path):
@@ -93,9 +113,9 @@ def test_the_key_separates_dtype_threads_head_and_settings(tmp_path):
     assert cost_identity(random_backbone(tiny_config()), None, SETTINGS) == base  # same load
     paths = {CostCache(tmp_path, identity).path for identity in [base, *others]}
     assert len(paths) == 1 + len(others)
-    CostCache(tmp_path, base).save({1: RoundCosts(0.1, 0.2, 0.003)})
-    assert CostCache(tmp_path, base).load() == {1: RoundCosts(0.1, 0.2, 0.003)}
-    assert all(CostCache(tmp_path, identity).load() == {} for identity in others)
+    CostCache(tmp_path, base).save(Learnt({1: RoundCosts(0.1, 0.2, 0.003)}))
+    assert CostCache(tmp_path, base).load(3, SELF) == Learnt({1: RoundCosts(0.1, 0.2, 0.003)})
+    assert all(CostCache(tmp_path, identity).load(3, SELF) == Learnt() for identity in others)
 
 
 @pytest.mark.parametrize("text", ["{not json", json.dumps({"identity": 3}), "[]",
@@ -104,15 +124,15 @@ def test_a_corrupt_file_is_ignored_and_logged_once(tmp_path, caplog, text):
     cache = CostCache(tmp_path, {"model": "m"})
     cache.path.write_text(text)
     with caplog.at_level(logging.WARNING, logger="mrp_dlm.decoding.cost_cache"):
-        assert cache.load() == {}
+        assert cache.load(3, HEAD) == Learnt()
     assert len(caplog.records) == 1 and str(cache.path) in caplog.text
-    cache.save({2: RoundCosts(0.5, 0.25)})  # replaced by what was learnt
-    assert CostCache(tmp_path, {"model": "m"}).load() == {2: RoundCosts(0.5, 0.25)}
+    cache.save(Learnt({2: RoundCosts(0.5, 0.25)}))  # replaced by what was learnt
+    assert CostCache(tmp_path, {"model": "m"}).load(3, HEAD).costs == {2: RoundCosts(0.5, 0.25)}
 
 
 def test_a_crash_mid_write_leaves_the_old_file(tmp_path, monkeypatch):
     cache = CostCache(tmp_path, {"model": "m"})
-    cache.save({1: RoundCosts(0.1, 0.2)})
+    cache.save(Learnt({1: RoundCosts(0.1, 0.2)}))
     before = cache.path.read_text()
 
     def crash(*args):
@@ -120,16 +140,16 @@ def test_a_crash_mid_write_leaves_the_old_file(tmp_path, monkeypatch):
 
     monkeypatch.setattr("mrp_dlm.files.os.replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        cache.save({4: RoundCosts(0.3, 0.4)})
+        cache.save(Learnt({4: RoundCosts(0.3, 0.4)}))
     assert cache.path.read_text() == before
-    assert CostCache(tmp_path, {"model": "m"}).load() == {1: RoundCosts(0.1, 0.2)}
+    assert CostCache(tmp_path, {"model": "m"}).load(3, HEAD) == Learnt({1: RoundCosts(0.1, 0.2)})
 
 
 def test_an_unwritable_folder_is_not_fatal(tmp_path, caplog):
     (tmp_path / "file").write_text("")
     cache = CostCache(tmp_path / "file", {"model": "m"})  # its folder is a file
     with caplog.at_level(logging.WARNING, logger="mrp_dlm.decoding.cost_cache"):
-        cache.save({1: RoundCosts(0.1, 0.2)})
+        cache.save(Learnt({1: RoundCosts(0.1, 0.2)}))
     assert "could not write" in caplog.text
 
 
