@@ -168,6 +168,11 @@ class DecodeConfig:
         "speculative: run per round the drafts (head or self) that the measured acceptance and "
         "round costs say pay most (lookahead is the most); off: always lookahead head drafts "
         "(self-drafts without a head)")})
+    cost_cache: bool = field(default=True, metadata={"help": (
+        "speculative, adaptive: start the planner from the round costs an earlier process "
+        "measured for this model, head, device, dtype, threads and batch size (the user cache "
+        "dir, mrp-dlm/costs), and save what it learns there; off: time them afresh, read and "
+        "write nothing")})
     drafter: str = field(default="head", metadata={"help": (
         "speculative: head (the MRP head where one is loaded, mixed with self-drafts as adaptive "
         "chooses; without a head, self-drafts) or self (self-drafts only, the rule's steps on the "

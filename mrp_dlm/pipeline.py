@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig, check_block_divides, dtype_for
+from mrp_dlm.decoding.cost_cache import CostCache, Learnt, cost_identity, default_dir
 from mrp_dlm.decoding.driver import Decoder, generate
 from mrp_dlm.decoding.modes import make_decoder
+from mrp_dlm.decoding.speculative import SpeculativeDecoder
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.hub import resolve_checkpoint
 from mrp_dlm.model.backbone import Backbone
@@ -59,6 +61,8 @@ class Pipeline:
     directory: Path
     head_dir: Path | None = None  # MRP head checkpoint, read when a mode first needs the head
     decoders: dict[DecodeConfig, Decoder] = field(default_factory=dict, repr=False)  # by config
+    cost_dir: Path | None = None  # the round cost cache's folder; None: `cost_cache.default_dir`
+    cost_caches: dict[DecodeConfig, CostCache] = field(default_factory=dict, repr=False)
 
     def decoder(self, config: DecodeConfig) -> Decoder:
         """The decoder of `config`, made once: an adaptive speculative decoder carries what it
@@ -70,7 +74,32 @@ class Pipeline:
                                 str(self.directory))
         if config not in self.decoders:
             self.decoders[config] = make_decoder(config, self.head_for(config))
+            self.start_costs(config, self.decoders[config])
         return self.decoders[config]
+
+    def start_costs(self, config: DecodeConfig, decoder: Decoder) -> None:
+        """An adaptive speculative decoder's planner starts from the round costs cached for
+        this model, head, device, dtype and threads (`cost_cache.py`), unless `cost_cache`
+        is off."""
+        if not (isinstance(decoder, SpeculativeDecoder) and config.adaptive
+                and config.cost_cache):
+            return
+        settings = {"block_size": config.block_size or self.model.config.block_size,
+                    "lookahead": config.lookahead, "invariant_verify": config.invariant_verify,
+                    "cuda_graphs": config.cuda_graphs}
+        cache = CostCache(self.cost_dir or default_dir(),
+                          cost_identity(self.model, decoder.head, settings))
+        planner = decoder.planner
+        learnt = cache.load(planner.lookahead, planner.sources[0])
+        planner.start_from(learnt.costs, learnt.probes)
+        self.cost_caches[config] = cache
+
+    def save_costs(self, config: DecodeConfig) -> None:
+        """What the planner of `config` learnt, to its cost cache (at the end of a call)."""
+        cache = self.cost_caches.get(config)
+        decoder = self.decoders.get(config)
+        if cache is not None and isinstance(decoder, SpeculativeDecoder):
+            cache.save(Learnt(dict(decoder.planner.costs), dict(decoder.planner.probes)))
 
     @property
     def dtype(self) -> str:
@@ -93,7 +122,8 @@ class Pipeline:
              device: str = DEFAULT_DEVICE, mask_token_id: int | None = None,
              block_size: int | None = None, head: str | Path | None = None,
              threads: int | None = None, revision: str | None = None,
-             head_revision: str | None = None) -> "Pipeline":
+             head_revision: str | None = None,
+             cost_dir: str | Path | None = None) -> "Pipeline":
         """Load a checkpoint directory or hub id (`hub.py`, at `revision`); None means the
         embedded model (and its head). A directory in the published MRP layout
         (`release.py`) brings its own head.
@@ -103,6 +133,8 @@ class Pipeline:
         dtype: a DTYPE_NAMES entry; None: bfloat16 on a CUDA device, float32 elsewhere
         (`config.dtype_for`).
         threads: torch's CPU threads; None or 0 chooses by the model's size (`threads.py`).
+        cost_dir: where speculative decoders remember their round costs (`cost_cache.py`);
+        None: the user cache dir.
         """
         dtype = dtype_for(device, dtype)
         if dtype not in DTYPES:
@@ -116,7 +148,8 @@ class Pipeline:
             check_head_tensors(path, model)  # whole, though only the MRP modes read it
             head = path
         return cls(model=model, tokenizer=load_tokenizer(path), directory=path,
-                   head_dir=Path(head) if head is not None else None)
+                   head_dir=Path(head) if head is not None else None,
+                   cost_dir=Path(cost_dir) if cost_dir is not None else None)
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         if self.tokenizer is None:
@@ -134,6 +167,7 @@ class Pipeline:
         """Decode already tokenized prompts (a rendered conversation, say); `texts` is None
         when the checkpoint has no tokenizer."""
         result = generate(self.model, prompts, config, self.decoder(config))
+        self.save_costs(config)
         texts = (None if self.tokenizer is None
                  else [self.tokenizer.decode(row) for row in result.token_ids])
         return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats)

@@ -148,3 +148,11 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     code = main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+@pytest.fixture(autouse=True)
+def private_cost_cache(tmp_path_factory, monkeypatch):
+    """The round cost cache (`decoding/cost_cache.py`) of each test, and of the processes
+    it starts, lies in a fresh temporary folder: no test reads or writes the user's cache
+    dir, nor the costs another test measured."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))

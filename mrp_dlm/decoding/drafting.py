@@ -10,7 +10,8 @@ forward):
 - `observe(...)`: a round's verdicts: acceptance per source and depth, the alternatives'
   hits, the rule steps rows advanced (for a batch in lockstep); in two halves where the
   caller reads the verdicts with a read of its own (`record` on the device, `add_record`);
-- `time(...)`: a timed round's seconds (`costs.CostProbe` while the costs are learnt).
+- `time(...)`: a timed round's seconds (`costs.CostProbe` while the costs are learnt;
+  `start_from(costs)` takes those an earlier process learnt, `cost_cache.py`).
 
 The plan run is the one of highest rate, expected rule steps over denoise forwards
 (`best_plan`), with an exploring plan every EXPLORE_EVERY-th round; the set size likewise
@@ -221,6 +222,19 @@ class DraftPlanner:
                 del self.probes[key]
         elif size > 1:
             self.set_rounds.setdefault((key, copies), []).append(seconds)
+
+    def start_from(self, costs: dict[int, RoundCosts], probes: dict[int, CostProbe]) -> None:
+        """What an earlier process learnt (`cost_cache.py`): a batch key with costs plans
+        from them, with no timing rounds; one with a probe's samples resumes that probe.
+        Adaptive only."""
+        if not self.adaptive:
+            return
+        for key, probe in probes.items():
+            if key not in self.costs:
+                self.probes.setdefault(key, probe)
+        for key, known in costs.items():
+            self.costs.setdefault(key, known)
+            self.probes.pop(key, None)
 
     @property
     def most_size(self) -> int:
