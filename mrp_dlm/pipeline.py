@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig, check_block_divides, dtype_for
 from mrp_dlm.decoding.driver import Decoder, generate
+from mrp_dlm.decoding.logprobs import TokenLogprob
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.hub import resolve_checkpoint
@@ -50,6 +51,8 @@ class GenerateOutput:
     # checkpoint has no tokenizer; `generate_ids` still returns the ids)
     token_ids: list[list[int]]  # generated ids, trimmed after the first stop id
     stats: DecodeStats  # cost of the whole batch
+    logprobs: list[list[TokenLogprob]] | None = None  # per output token, with
+    # DecodeConfig.logprobs > 0 (`decoding/logprobs.py`)
 
 
 @dataclass
@@ -136,4 +139,5 @@ class Pipeline:
         result = generate(self.model, prompts, config, self.decoder(config))
         texts = (None if self.tokenizer is None
                  else [self.tokenizer.decode(row) for row in result.token_ids])
-        return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats)
+        return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats,
+                              logprobs=result.logprobs)
