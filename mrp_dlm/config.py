@@ -30,7 +30,7 @@ STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only mod
 MRP_MODES = ("direct", "speculative", "remask")
 _LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
-LOGPROB_MODES = STRATEGIES  # the modes that return logprobs (DecodeConfig.logprobs)
+LOGPROB_MODES = (*STRATEGIES, "speculative")  # the modes that return DecodeConfig.logprobs
 REMASK_RULES = ("chain", "paper")  # see `decoding/remask.py`, `decoding/veto.py`
 DRAFTERS = ("head", "self")  # what speculative decoding drafts with, see `decoding/drafting.py`
 INVARIANT_CHOICES = ("auto", "on", "off")  # verify copies as lone forwards: `model/invariant.py`
@@ -182,7 +182,7 @@ class DecodeConfig:
         "measured on a GPU")})
     logprobs: int = field(default=0, metadata={"help": (
         "return each generated token's logprob at the step that committed it and this many "
-        "top alternatives there (0: off). The reference strategies only")})
+        "top alternatives there (0: off). The reference strategies and speculative only")})
     invariant_verify: str = field(default="auto", metadata={"help": (
         "run each verify copy as a lone denoise forward, so its logits equal the rule's bit "
         "for bit by construction (speculation bit-exact; costs M weight reads per verify): on, "
@@ -228,8 +228,8 @@ class DecodeConfig:
         if self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         if self.logprobs and self.mode not in LOGPROB_MODES:
-            raise ValueError(f"logprobs are not returned by mode {self.mode!r} (yet): use a "
-                             "reference strategy (static, dynamic, sequential, entropy)")
+            raise ValueError(f"logprobs are not returned by mode {self.mode!r} (yet): use "
+                             f"one of {', '.join(LOGPROB_MODES)}")
 
     @property
     def needs_head(self) -> bool:

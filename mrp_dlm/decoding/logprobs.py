@@ -62,3 +62,19 @@ class LogprobBuffer:
                               tuple(zip(ids[row][slot], values[row][slot])))
                  for token, slot in zip(row_tokens, row_slots)]
                 for row, (row_tokens, row_slots) in enumerate(zip(tokens, slots))]
+
+
+def chain_committing(states: torch.Tensor, accepted: torch.Tensor, mask_token_id: int,
+                     seed_logits: torch.Tensor, verify_logits: torch.Tensor) -> torch.Tensor:
+    """(B, L, V) per position the logits whose rule step revealed it along a verified chain
+    of states S_1 .. S_m (B, m, L) of which the first `accepted` (B,) stand: a position
+    first revealed in S_j was revealed by the logits on S_{j-1} (seed_logits (B, L, V) on
+    S_0, verify_logits (B, v, L, V) on S_1 .. S_v); one revealed after S_n (a rescued
+    alternative of S_{n+1}) by those on S_n."""
+    B, m, L = states.shape
+    standing = torch.arange(m, device=states.device)[None, :, None] < accepted[:, None, None]
+    index = ((states == mask_token_id) & standing).sum(dim=1)  # (B, L) states still masked
+    index = index.clamp_max(verify_logits.shape[1])
+    stack = torch.cat((seed_logits[:, None], verify_logits), dim=1)  # (B, 1 + v, L, V)
+    V = stack.shape[-1]
+    return stack.gather(1, index[:, None, :, None].expand(B, 1, L, V)).squeeze(1)  # (B, L, V)

@@ -1,8 +1,10 @@
 """Per-token logprobs at the committing step (`decoding/logprobs.py`, DecodeConfig.logprobs):
 each output token's logprob and top k equal log_softmax of the reference decoder's logits
 at the step that committed it (tests/reference.py), for every reference strategy, greedy
-and sampled, on prompts whose decisions clear the reference's margin; off, the output has
-none; the modes that do not return them refuse the field.
+and sampled, on prompts whose decisions clear the reference's margin; speculative's equal
+its rule's (dynamic at the same threshold: the verify forward's logits on the state the
+rule stepped from), with every head; off, the output has none; the modes that do not
+return them refuse the field.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.strategies import StrategyDecoder
 from reference import reference_decode, robust_case
 from test_decoding import RULE_KNOBS, prompt_of
+from test_mrp_modes import HEADS, MAX_NEW, backbone, decode, rule_config, rule_run
 
 TOP = 3
 TOLERANCE = 1e-4  # float noise of a cached, batched forward against a full recompute
@@ -45,6 +48,35 @@ def test_logprobs_are_the_committing_steps(tiny_model, mode, sampling):
         assert check_against_reference(tiny_model, config, length, length) == 11
 
 
+def check_same_logprobs(got, want) -> None:
+    assert [[t.token_id for t in row] for row in got] == [[t.token_id for t in row]
+                                                          for row in want]
+    for got_row, want_row in zip(got, want):
+        for mine, theirs in zip(got_row, want_row):
+            assert mine.logprob == pytest.approx(theirs.logprob, abs=TOLERANCE)
+            assert [t for t, _ in mine.top] == [t for t, _ in theirs.top]
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.2])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_speculative_logprobs_are_its_rules(block_size, threshold):
+    seed, damped = 5, True  # damped: long draft runs accepted (test_mrp_modes.SPEC_MODELS)
+    model, run = backbone(seed, block_size, damped), rule_run(seed, block_size, damped, threshold)
+    rule = decode(model, run.prompts, rule_config(block_size, threshold, stop_token_ids=run.stops,
+                                                  logprobs=TOP))
+    assert rule.token_ids == run.result.token_ids
+    config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=3,
+                          threshold=threshold, max_new_tokens=MAX_NEW[block_size],
+                          stop_token_ids=run.stops, adaptive=False, logprobs=TOP)
+    accepted = 0
+    for name, make_head in HEADS.items():
+        result = decode(model, run.prompts, config, make_head(model, seed))
+        assert result.token_ids == rule.token_ids, name
+        check_same_logprobs(result.logprobs, rule.logprobs)
+        accepted += sum(result.stats.accept_histogram[1:])  # rounds with a later draft
+    assert accepted > 0  # later drafts stood: tokens committed by verify logits
+
+
 def test_a_stop_trims_the_logprobs_with_the_tokens(tiny_model):
     config = DecodeConfig(mode="static", block_size=4, max_new_tokens=12, logprobs=1)
     prompts = [prompt_of(n, n) for n in (5, 9, 3)]
@@ -57,7 +89,7 @@ def test_a_stop_trims_the_logprobs_with_the_tokens(tiny_model):
 def test_off_by_default_and_refused_where_not_returned(tiny_model):
     config = DecodeConfig(mode="static", block_size=4, max_new_tokens=4)
     assert generate(tiny_model, [[1, 2, 3]], config, StrategyDecoder(config)).logprobs is None
-    for mode in ("direct", "speculative", "remask"):
+    for mode in ("direct", "remask"):
         with pytest.raises(ValueError, match="logprobs are not returned by mode"):
             DecodeConfig(mode=mode, logprobs=2)
     with pytest.raises(ValueError, match="logprobs must be >= 0"):
