@@ -3,21 +3,23 @@ each output token's logprob and top k equal log_softmax of the reference decoder
 at the step that committed it (tests/reference.py), for every reference strategy, greedy
 and sampled, on prompts whose decisions clear the reference's margin; speculative's equal
 its rule's (dynamic at the same threshold: the verify forward's logits on the state the
-rule stepped from), with every head; off, the output has none; the modes that do not
+rule stepped from), with every head, forced candidate sets (rescues) included; off, the output has none; the modes that do not
 return them refuse the field.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-import torch
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.driver import generate
 from mrp_dlm.decoding.strategies import StrategyDecoder
 from reference import reference_decode, robust_case
 from test_decoding import RULE_KNOBS, prompt_of
-from test_mrp_modes import HEADS, MAX_NEW, backbone, decode, rule_config, rule_run
+from test_candidates import decode_with_sets, spec_config
+from test_mrp_modes import HEADS, backbone, decode, rule_config, rule_run
 
 TOP = 3
 TOLERANCE = 1e-4  # float noise of a cached, batched forward against a full recompute
@@ -65,16 +67,16 @@ def test_speculative_logprobs_are_its_rules(block_size, threshold):
     rule = decode(model, run.prompts, rule_config(block_size, threshold, stop_token_ids=run.stops,
                                                   logprobs=TOP))
     assert rule.token_ids == run.result.token_ids
-    config = DecodeConfig(mode="speculative", block_size=block_size, lookahead=3,
-                          threshold=threshold, max_new_tokens=MAX_NEW[block_size],
-                          stop_token_ids=run.stops, adaptive=False, logprobs=TOP)
-    accepted = 0
-    for name, make_head in HEADS.items():
-        result = decode(model, run.prompts, config, make_head(model, seed))
-        assert result.token_ids == rule.token_ids, name
-        check_same_logprobs(result.logprobs, rule.logprobs)
-        accepted += sum(result.stats.accept_histogram[1:])  # rounds with a later draft
-    assert accepted > 0  # later drafts stood: tokens committed by verify logits
+    accepted = rescued = 0
+    for size in (1, 2, 4):  # forced candidate sets: rescued alternatives commit too
+        config = replace(spec_config(block_size, threshold, run.stops), logprobs=TOP)
+        for name, make_head in HEADS.items():
+            result = decode_with_sets(model, run.prompts, config, make_head(model, seed), size)
+            assert result.token_ids == rule.token_ids, (name, size)
+            check_same_logprobs(result.logprobs, rule.logprobs)
+            accepted += sum(result.stats.accept_histogram[1:])  # rounds with a later draft
+            rescued += result.stats.rescued
+    assert accepted > 0 and rescued > 0  # tokens committed by verify logits, by rescues too
 
 
 def test_a_stop_trims_the_logprobs_with_the_tokens(tiny_model):
