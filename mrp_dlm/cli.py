@@ -79,8 +79,10 @@ def cmd_generate(args: argparse.Namespace, decode_fields: list[str]) -> int:
     out = pipe.generate([args.prompt], config, chat=args.chat)
     stats = out.stats
     if args.json:
+        logprobs = {} if out.logprobs is None else {
+            "logprobs": [token.to_dict() for token in out.logprobs[0]]}
         print(json.dumps({"text": out.texts[0], "token_ids": out.token_ids[0],
-                          "stats": stats.to_dict()}))
+                          "stats": stats.to_dict(), **logprobs}))
     else:
         print(out.texts[0])
         print(f"[{stats.tokens} tokens, {stats.backbone_forwards} backbone forwards, "

@@ -30,6 +30,7 @@ STRATEGIES = ("static", "dynamic", "sequential", "entropy")  # backbone-only mod
 MRP_MODES = ("direct", "speculative", "remask")
 _LOOKAHEAD_MODES = ("direct", "speculative")  # modes that take K head steps per forward
 MODES = STRATEGIES + MRP_MODES
+LOGPROB_MODES = (*STRATEGIES, "speculative")  # the modes that return DecodeConfig.logprobs
 REMASK_RULES = ("chain", "paper")  # see `decoding/remask.py`, `decoding/veto.py`
 DRAFTERS = ("head", "self")  # what speculative decoding drafts with, see `decoding/drafting.py`
 INVARIANT_CHOICES = ("auto", "on", "off")  # verify copies as lone forwards: `model/invariant.py`
@@ -184,6 +185,9 @@ class DecodeConfig:
         "and the head's steps as CUDA graphs per batch bucket (rows padded to a power of two) "
         "and replay them; on a CPU or an MoE backbone the same steps run eager. Off until "
         "measured on a GPU")})
+    logprobs: int = field(default=0, metadata={"help": (
+        "return each generated token's logprob at the step that committed it and this many "
+        "top alternatives there (0: off). The reference strategies and speculative only")})
     invariant_verify: str = field(default="auto", metadata={"help": (
         "run each verify copy as a lone denoise forward, so its logits equal the rule's bit "
         "for bit by construction (speculation bit-exact; costs M weight reads per verify): on, "
@@ -226,6 +230,11 @@ class DecodeConfig:
             raise ValueError(f"top_k and seed must be >= 0, got {self.top_k} and {self.seed}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.logprobs and self.mode not in LOGPROB_MODES:
+            raise ValueError(f"logprobs are not returned by mode {self.mode!r} (yet): use "
+                             f"one of {', '.join(LOGPROB_MODES)}")
 
     @property
     def needs_head(self) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from mrp_dlm.config import DecodeConfig, check_block_divides, dtype_for
 from mrp_dlm.decoding.cost_cache import CostCache, Learnt, cost_identity, default_dir
 from mrp_dlm.decoding.driver import Decoder, generate
+from mrp_dlm.decoding.logprobs import TokenLogprob
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.decoding.speculative import SpeculativeDecoder
 from mrp_dlm.decoding.stats import DecodeStats
@@ -52,6 +53,8 @@ class GenerateOutput:
     # checkpoint has no tokenizer; `generate_ids` still returns the ids)
     token_ids: list[list[int]]  # generated ids, trimmed after the first stop id
     stats: DecodeStats  # cost of the whole batch
+    logprobs: list[list[TokenLogprob]] | None = None  # per output token, with
+    # DecodeConfig.logprobs > 0 (`decoding/logprobs.py`)
 
 
 @dataclass
@@ -170,4 +173,5 @@ class Pipeline:
         self.save_costs(config)
         texts = (None if self.tokenizer is None
                  else [self.tokenizer.decode(row) for row in result.token_ids])
-        return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats)
+        return GenerateOutput(texts=texts, token_ids=result.token_ids, stats=result.stats,
+                              logprobs=result.logprobs)

@@ -237,8 +237,10 @@ class Margins:
 
 
 def denoise_block(model: Backbone, sequence: list[int], start: int, config: DecodeConfig,
-                  block_size: int, steps: int, mask_token_id: int, margins: Margins) -> int:
-    """Reveal every mask of sequence[start:start + L] in place; return the steps used."""
+                  block_size: int, steps: int, mask_token_id: int, margins: Margins,
+                  committing: dict[int, torch.Tensor] | None = None) -> int:
+    """Reveal every mask of sequence[start:start + L] in place; return the steps used.
+    `committing` gets, per revealed position, the logits (V,) of the step that revealed it."""
     quotas = even_quotas(block_size, steps)
     step = 0
     while mask_token_id in sequence[start:start + block_size]:
@@ -255,6 +257,8 @@ def denoise_block(model: Backbone, sequence: list[int], start: int, config: Deco
         for j in chosen:
             margins.add(proposals[j].margin)
             sequence[start + j] = proposals[j].token
+            if committing is not None:
+                committing[start + j] = logits[j]
         step += 1
     return step
 
@@ -287,16 +291,19 @@ def run_blocks(model: Backbone, prompt: list[int], config: DecodeConfig, decode_
 class Decoded:
     token_ids: list[int]  # generated ids, trimmed after the first stop id (kept)
     margin: float  # the smallest decision margin on the way (see `Margins`)
+    committing: list[torch.Tensor] | None = None  # per generated id, the logits (V,) of the
+    # step that committed it
 
 
 def reference_decode(model: Backbone, prompt: list[int], config: DecodeConfig) -> Decoded:
     """One prompt's generated ids and the smallest decision margin of its decode."""
-    margins = Margins()
+    margins, committing = Margins(), {}
     ids = run_blocks(model, prompt, config,
                      lambda sequence, start, block_size, steps, mask_token_id:
                      denoise_block(model, sequence, start, config, block_size, steps,
-                                   mask_token_id, margins))
-    return Decoded(ids, margins.smallest)
+                                   mask_token_id, margins, committing))
+    n = len(prompt)
+    return Decoded(ids, margins.smallest, [committing[n + i] for i in range(len(ids))])
 
 
 def reference_generate(model: Backbone, prompt: list[int], config: DecodeConfig) -> list[int]:

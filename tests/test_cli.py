@@ -25,6 +25,20 @@ def test_generate_prints_text_and_stats(saved_model_and_head, capsys):
     assert "tokens/forward" in err
 
 
+def test_generate_json_logprobs(saved_model_and_head, capsys):
+    """--logprobs K: one entry per output token with its top K; refused by direct."""
+    model_dir, _ = saved_model_and_head
+    argv = ("generate", "--model", str(model_dir), "--prompt", "7 + 5", "--max-new-tokens", "6")
+    code, out, err = run_cli(capsys, *argv, "--json", "--logprobs", "2")
+    assert code == 0, err
+    result = json.loads(out)
+    assert [t["token_id"] for t in result["logprobs"]] == result["token_ids"]
+    assert all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in result["logprobs"])
+    assert "logprobs" not in json.loads(run_cli(capsys, *argv, "--json")[1])
+    code, _, err = run_cli(capsys, *argv, "--mode", "direct", "--logprobs", "2")
+    assert code == 2 and "logprobs are not returned by mode 'direct'" in err, err
+
+
 @pytest.mark.parametrize("mode", ["static", "dynamic", "sequential", "entropy"])
 def test_generate_json_for_each_baseline_mode(saved_model_and_head, capsys, mode):
     model_dir, _ = saved_model_and_head

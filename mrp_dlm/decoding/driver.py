@@ -30,6 +30,7 @@ from mrp_dlm.config import BlockSchedule, DecodeConfig
 from mrp_dlm.decoding.graphs import Bucket, batch_bucket, bucket, slot_bucket
 from mrp_dlm.decoding.graphs import SLOT_BUCKET  # noqa: F401 (read here by benchmarks)
 from mrp_dlm.decoding.head_cache import HeadCache
+from mrp_dlm.decoding.logprobs import LogprobBuffer, TokenLogprob
 from mrp_dlm.decoding.stats import DecodeStats
 from mrp_dlm.decoding.step import Advance, BackboneStep, BlockRows, Step
 from mrp_dlm.model.backbone import Backbone
@@ -133,6 +134,7 @@ class BlockContext:
     # STORE_AND_NEXT: the previous block's store with this block's first step
     invariant: bool = False  # verify copies as lone forwards (DecodeConfig.invariant_verify)
     bucket: Bucket | None = None  # runs the forwards over `cache` (None: eager ones)
+    logprobs: LogprobBuffer | None = None  # the committing logprobs (DecodeConfig.logprobs)
 
     def __post_init__(self) -> None:
         if self.bucket is None:
@@ -269,7 +271,11 @@ def decode_block(context: BlockContext, block: torch.Tensor, decoder: Decoder,
         rows = BlockRows(tokens=block, eligible=eligible, positions=context.positions)
         outcome: Advance = decoder.step(context, Step(index, schedule.quota(index), rows, base,
                                                       left))
-        context.counters.add_commits(eligible & (outcome.tokens != block))
+        commit = eligible & (outcome.tokens != block)  # (B, L)
+        context.counters.add_commits(commit)
+        if context.logprobs is not None:
+            committing = base.logits if outcome.committing is None else outcome.committing
+            context.logprobs.record(context.start, commit, outcome.tokens, committing)
         block, base, left, going = outcome.tokens, outcome.base, outcome.left, outcome.going
         if left is None and not outcome.go_on:
             left, going = context.progress(block).tolist()  # the one host read per step
@@ -282,6 +288,7 @@ def decode_block(context: BlockContext, block: torch.Tensor, decoder: Decoder,
 class DecodeResult:
     token_ids: list[list[int]]  # generated ids per row, trimmed after the first stop id
     stats: DecodeStats = field(default_factory=DecodeStats)
+    logprobs: list[list[TokenLogprob]] | None = None  # per output token (DecodeConfig.logprobs)
 
 
 def check_prompts(prompts: list[list[int]], model: Backbone, config: DecodeConfig) -> None:
@@ -315,12 +322,14 @@ def build_buffers(prompts: list[list[int]], layout: Layout, mask_token_id: int,
     return tokens.to(device), positions.to(device), key_valid.to(device)
 
 
-def trim(row_tokens: list[int], stop_ids: tuple[int, ...], mask_token_id: int) -> list[int]:
+def kept(row_tokens: list[int], stop_ids: tuple[int, ...], mask_token_id: int) -> list[int]:
+    """Indices of the output ids: up to the first stop id (kept), masks left out."""
+    end = len(row_tokens)
     for index, token in enumerate(row_tokens):
         if token in stop_ids:
-            row_tokens = row_tokens[:index + 1]
+            end = index + 1
             break
-    return [t for t in row_tokens if t != mask_token_id]
+    return [i for i in range(end) if row_tokens[i] != mask_token_id]
 
 
 def finished_rows(block: torch.Tensor, generated: torch.Tensor, end_slots: torch.Tensor,
@@ -353,6 +362,8 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
     head = (HeadCache(decoder.head, model, tokens, positions, key_valid, caches)
             if decoder.head is not None else None)
     counters = Counters.start(device)
+    logprobs = (LogprobBuffer(batch, layout.total_slots, config.logprobs, device)
+                if config.logprobs else None)
     decoder.begin()
     if layout.prefix_slots:
         P = layout.prefix_slots
@@ -377,7 +388,7 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         block_positions = positions[:, start:start + L].contiguous()  # (B, L)
         context = BlockContext(model, cache, schedule, start, block_positions, key_valid, active,
                                counters, stops, head, bucket=caches,
-                               invariant=invariant)
+                               invariant=invariant, logprobs=logprobs)
         if head is not None:
             head.begin(start, block_positions)
         block = tokens[:, start:start + L].clone()  # (B, L)
@@ -393,19 +404,24 @@ def generate(model: Backbone, prompts: list[list[int]], config: DecodeConfig,
         counters.stats.head_store_forwards = head.stores
     counters.stats.graph_replays = sum(caches.graphs.replays.values())
     counters.stats = counters.stats + decoder.stats()  # what only the mode counts
-    return finish(tokens[:len(prompts)], layout, config, schedule, counters, began)
+    return finish(tokens[:len(prompts)], layout, config, schedule, counters, began, logprobs)
 
 
 def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule: BlockSchedule,
-           counters: Counters, began: float) -> DecodeResult:
+           counters: Counters, began: float,
+           logprobs: LogprobBuffer | None = None) -> DecodeResult:
     rows = tokens.cpu().tolist()
-    out = []
+    out, slots = [], []
     for row, pad, length in zip(rows, layout.pads.tolist(), layout.lengths.tolist()):
-        generated = row[pad + length:pad + length + config.max_new_tokens]
-        out.append(trim(generated, schedule.stop_token_ids, schedule.mask_token_id))
+        first = pad + length
+        generated = row[first:first + config.max_new_tokens]
+        indices = kept(generated, schedule.stop_token_ids, schedule.mask_token_id)
+        out.append([generated[i] for i in indices])
+        slots.append([first + i for i in indices])
     stats = counters.stats
     stats.committed = int(counters.committed)
     stats.row_forwards, stats.row_denoise_forwards = counters.row_forwards.tolist()
     stats.tokens = sum(len(ids) for ids in out)
     stats.seconds = time.perf_counter() - began
-    return DecodeResult(token_ids=out, stats=stats)
+    return DecodeResult(token_ids=out, stats=stats,
+                        logprobs=None if logprobs is None else logprobs.rows(out, slots))

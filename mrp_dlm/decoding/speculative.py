@@ -33,6 +33,7 @@ from mrp_dlm.decoding.costs import HEAD, SELF, SOURCES, Timer
 from mrp_dlm.decoding.driver import BlockContext
 from mrp_dlm.decoding.drafting import DraftPlanner
 from mrp_dlm.decoding.head_cache import HeadSteps
+from mrp_dlm.decoding.logprobs import chain_committing
 from mrp_dlm.decoding.sampling import Proposal, draw_index, propose
 from mrp_dlm.decoding.selection import Rule, select_dynamic, threshold_pick
 from mrp_dlm.decoding.stats import DecodeStats
@@ -396,4 +397,8 @@ class SpeculativeDecoder:
             advance = Advance(torch.where(kept.rescued[:, None], kept.states, advance.tokens),
                               slice_or(check, kept.copy, kept.rescued, advance.base))
             rescued = kept.rescued.long()
+        if self.config.logprobs:  # the committing logits along the chain (`logprobs.py`)
+            verified = check.logits.view(B, states.shape[1], L, -1)[:, :v]  # (B, v, L, V)
+            advance = replace(advance, committing=chain_committing(
+                drafts.states, accepted, rule.mask_token_id, step.base.logits, verified))
         return Verdict(advance, accepted, rescued, rescue, states.shape[1])

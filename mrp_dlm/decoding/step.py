@@ -77,6 +77,8 @@ class Advance:
     # (None: the driver reads it)
     go_on: bool = False  # left is None, yet the driver calls the next step without a read:
     # a row surely has a masked position, or the decoder's next step reads what is left
+    committing: torch.Tensor | None = None  # (B, L, V) per position the logits whose rule
+    # step committed it here (None: the step's base logits); read only for logprobs
 
 
 def revealing(left: int | None, count: int) -> int | None:

@@ -2,7 +2,7 @@
 
 - the version gate (`supported`, `check_version`): SGLang 0.5.23 only;
 - SGLang's registries: the dLLM algorithms and the external model package;
-- the seven hooks (`HOOKS`: target -> adapter, `HookType`); each adapter reads SGLang's
+- the nine hooks (`HOOKS`: target -> adapter, `HookType`); each adapter reads SGLang's
   objects (server args, the pool configurator, a ScheduleBatch, the scheduler, its
   requests, OpenAI request models) into plain values for the plugin's own functions;
 - the runtime context (`served_algorithm`, `tensor_parallel_size`), launch-time server
@@ -368,6 +368,22 @@ def after_completion_params(result: dict, serving: Any, request: Any, *args, **k
     return with_preferred(result, request)
 
 
+def asks_logprobs(request: Any) -> bool:
+    """Whether an OpenAI request asks for logprobs: chat `logprobs: true` or `top_logprobs`,
+    completions `logprobs: N` (0 included: the chosen tokens' own)."""
+    asked = getattr(request, "logprobs", None)
+    return (asked is not None and asked is not False) or bool(getattr(request, "top_logprobs",
+                                                                      None))
+
+
+def after_validate_request(result: Any, serving: Any, request: Any, *args, **kwargs) -> Any:
+    """After `OpenAIServingChat/Completion._validate_request(self, request)`: its message,
+    else the logprobs refusal (SGLang answers a message with HTTP 400)."""
+    from mrp_dlm.serving.request_defaults import logprobs_refusal
+
+    return result or logprobs_refusal(asks_logprobs(request), served_algorithm()[0])
+
+
 HOOKS: dict[str, tuple[Callable, str]] = {  # target -> (adapter, HookType name)
     "sglang.srt.dllm.config.DllmConfig.from_server_args": (after_dllm_config, "AFTER"),
     "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size":
@@ -382,6 +398,10 @@ HOOKS: dict[str, tuple[Callable, str]] = {  # target -> (adapter, HookType name)
         (after_chat_params, "AFTER"),
     "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion."
     "_build_sampling_params": (after_completion_params, "AFTER"),
+    "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request":
+        (after_validate_request, "AFTER"),
+    "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion."
+    "_validate_request": (after_validate_request, "AFTER"),
 }
 
 

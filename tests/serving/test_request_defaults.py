@@ -1,7 +1,9 @@
 """`--preferred-sampling-params` on SGLang's OpenAI endpoints (`request_defaults.py`), on
 SGLang's own request classes: a field the request leaves out gets the preferred value, a
 field it sets keeps its own; without preferred params, or on a server of another
-algorithm, nothing changes (the hook targets are resolved in `test_door.py`).
+algorithm, nothing changes (the hook targets are resolved in `test_door.py`). A request
+that asks for logprobs is refused on a server of any dLLM algorithm, LowConfidence included,
+through SGLang's own `_validate_request` (its message becomes an HTTP 400).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from sglang.srt.entrypoints.openai.serving_completions import (  # noqa: E402
     OpenAIServingCompletion)
 
 from mrp_dlm.serving import sglang_process  # noqa: E402
-from mrp_dlm.serving.sglang_process import after_chat_params, after_completion_params  # noqa: E402
+from mrp_dlm.serving.plugin import ALGORITHMS  # noqa: E402
+from mrp_dlm.serving.sglang_process import (after_chat_params,  # noqa: E402
+                                            after_completion_params, after_validate_request)
 
 pytestmark = pytest.mark.sglang
 
@@ -75,3 +79,38 @@ def test_a_server_of_another_algorithm_is_left_alone(preferred, algorithm):
     preferred(GREEDY, algorithm)  # None: no dLLM algorithm (a plain model)
     assert chat_params(GREEDY)["temperature"] == 1.0
     assert completion_params()["temperature"] == 1.0
+
+
+def chat(**request) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                                 **request)
+
+
+def completion(prompt: str = "hi", **request) -> CompletionRequest:
+    return CompletionRequest(model="m", prompt=prompt, **request)
+
+
+ASKING = [chat(logprobs=True), chat(logprobs=True, top_logprobs=2), chat(top_logprobs=2),
+          completion(logprobs=0), completion(logprobs=3)]
+NOT_ASKING = [chat(), chat(logprobs=False), completion()]
+
+
+@pytest.mark.parametrize("algorithm", [*ALGORITHMS, "LowConfidence"])
+def test_a_request_for_logprobs_is_refused(preferred, algorithm):
+    preferred(GREEDY, algorithm)
+    for request in ASKING:
+        message = after_validate_request(None, None, request)
+        assert message.startswith("logprobs are not supported by this server"), request
+        assert algorithm in message and "\n" not in message
+    # the completion endpoint's own check runs first, then the hook's
+    empty = completion(prompt="")
+    assert after_validate_request(OpenAIServingCompletion._validate_request(None, empty),
+                                  None, empty) == "Prompt cannot be empty"
+    assert [after_validate_request(None, None, request) for request in NOT_ASKING] \
+        == [None] * len(NOT_ASKING)
+
+
+def test_logprobs_are_left_to_a_plain_model(preferred):
+    preferred(GREEDY, None)  # no dLLM algorithm: SGLang returns them itself
+    assert [after_validate_request(None, None, request) for request in ASKING] \
+        == [None] * len(ASKING)

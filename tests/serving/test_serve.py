@@ -18,7 +18,8 @@ to with the `openai` client, stopped with Ctrl-C (SIGINT), and started again on 
 - after a burst of concurrent requests and Ctrl-C, `mrp serve` starts again on the same
   port at once, while the burst's TIME-WAIT connections still hold it (a plain bind is
   refused), serving the embedded pair exported in the published MRP layout, answers as our
-  decoders on that directory do, and stops (the second and last server start).
+  decoders on that directory do, refuses requests for logprobs with HTTP 400, and stops
+  (the second and last server start).
 The SGLang subprocesses get the CPU stand-ins without the `.pth` hook: the server runs with
 MRP_SGLANG_CPU_STANDINS unset.
 
@@ -225,6 +226,16 @@ def test_mrp_serve_with_the_openai_client(tmp_path):
     check_restart(port, tmp_path / "restart.log", release, pipeline)
 
 
+def check_logprobs_refused(client, model: str) -> None:
+    """A chat or completion request for logprobs gets HTTP 400 saying they are not
+    supported, never an empty list."""
+    import openai
+
+    for chat, asks in ((True, dict(logprobs=True, top_logprobs=2)), (False, dict(logprobs=2))):
+        with pytest.raises(openai.BadRequestError, match="logprobs are not supported"):
+            served(client, PROMPTS[0], chat, model, **asks)
+
+
 def check_restart(port: int, log_path: Path, release: Path, pipeline: Pipeline) -> None:
     """`mrp serve` on the same port at once, while the loaded run's TIME-WAIT connections
     hold it (a plain bind is refused), serving the embedded pair exported in the published
@@ -243,5 +254,6 @@ def check_restart(port: int, log_path: Path, release: Path, pipeline: Pipeline) 
         for index in stable:
             ids = served(client, PROMPTS[index], True, release.name, temperature=0)[1]
             assert trim_after_stop(ids, stops, MAX_NEW) == rule[index], f"prompt {index}"
+        check_logprobs_refused(client, release.name)
     finally:
         interrupt(process, log_path)
