@@ -32,6 +32,7 @@ BOUNDARIES = (  # (module, qualified name prefix): not followed
     ("mrp_dlm.model", ""),  # the backbone and the head
     ("mrp_dlm.serving.head_pool", ""),  # serving's head step and head keys (as head_cache.py)
     ("mrp_dlm.serving.stats", ""),  # serving stats: read by nobody who decides a token
+    ("mrp_dlm.decoding.logprobs", ""),  # the logprobs recorder (opt-in): decides no token
 )
 # Serving never builds candidate sets (`draft(..., alternatives=False)`, checked below).
 EXTRA_BOUNDARIES = {"serving": (("mrp_dlm.decoding.candidates", ""),)}

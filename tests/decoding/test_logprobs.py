@@ -3,8 +3,8 @@ each output token's logprob and top k equal log_softmax of the reference decoder
 at the step that committed it (tests/reference.py), for every reference strategy, greedy
 and sampled, on prompts whose decisions clear the reference's margin; speculative's equal
 its rule's (dynamic at the same threshold: the verify forward's logits on the state the
-rule stepped from), with every head, forced candidate sets (rescues) included; off, the output has none; the modes that do not
-return them refuse the field.
+rule stepped from), with every head, forced candidate sets (rescues) included; off, the
+output has none; the modes that do not return them refuse the field.
 """
 
 from __future__ import annotations
