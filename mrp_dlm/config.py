@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = ["BACKBONE_PRESETS", "CUDA_DTYPE", "DEFAULT_DEVICE", "DEFAULT_DTYPE", "DISTILL_DECODE",
-           "DISTILL_FORMATS", "DRAFTERS", "DTYPE_NAMES", "INVARIANT_CHOICES", "MODES", "MRP_MODES",
-           "REMASK_RULES", "REVEAL_RULES", "SDAR_BLOCK_SIZE", "SDAR_MASK_TOKEN_ID",
-           "SDAR_STOP_TOKEN_IDS", "STRATEGIES", "BackboneConfig", "BlockSchedule", "DecodeConfig",
+           "DISTILL_FORMATS", "DRAFTERS", "DTYPE_NAMES", "INVARIANT_CHOICES", "MODES",
+           "MOST_CANDIDATES", "MRP_MODES", "REMASK_RULES", "REVEAL_RULES", "SDAR_BLOCK_SIZE",
+           "SDAR_MASK_TOKEN_ID", "SDAR_STOP_TOKEN_IDS", "STRATEGIES", "BackboneConfig", "BlockSchedule", "DecodeConfig",
            "DistillConfig", "HeadConfig", "HeadTrainConfig", "RunConfig", "TrainConfig",
            "dtype_for"]
 
@@ -33,6 +33,7 @@ MODES = STRATEGIES + MRP_MODES
 REMASK_RULES = ("chain", "paper")  # see `decoding/remask.py`, `decoding/veto.py`
 DRAFTERS = ("head", "self")  # what speculative decoding drafts with, see `decoding/drafting.py`
 INVARIANT_CHOICES = ("auto", "on", "off")  # verify copies as lone forwards: `model/invariant.py`
+MOST_CANDIDATES = 4  # largest candidate set: a draft and 3 alternatives (`decoding/candidates.py`)
 # What a model loads in unless told (Pipeline, `mrp`). Plain names, so that the CLI builds its
 # help without importing torch (`model/loading.py` maps them to torch dtypes).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model loads in
@@ -172,6 +173,10 @@ class DecodeConfig:
         "speculative: head (the MRP head where one is loaded, mixed with self-drafts as adaptive "
         "chooses; without a head, self-drafts) or self (self-drafts only, the rule's steps on the "
         "seed logits: no head read or run)")})
+    candidates: str = field(default="auto", metadata={"help": (
+        "speculative: candidate set size verified per later draft, the draft and N - 1 "
+        f"alternatives (1..{MOST_CANDIDATES}; 1: the drafts alone), or auto (the planner sizes "
+        "sets from measured rates and costs)")})
     stop_token_ids: tuple[int, ...] | None = field(default=None, metadata={"help": (
         "None means the model's stop ids")})
     cuda_graphs: bool = field(default=False, metadata={"help": (
@@ -209,6 +214,11 @@ class DecodeConfig:
         if self.invariant_verify not in INVARIANT_CHOICES:
             raise ValueError(f"unknown invariant_verify {self.invariant_verify!r}; choose one of "
                              f"{', '.join(INVARIANT_CHOICES)}")
+        object.__setattr__(self, "candidates", str(self.candidates).strip().lower())
+        if self.candidates != "auto" and not (
+                self.candidates.isdigit() and 1 <= int(self.candidates) <= MOST_CANDIDATES):
+            raise ValueError(f"candidates (--candidates) must be auto or an integer in "
+                             f"[1, {MOST_CANDIDATES}], got {self.candidates!r}")
         if self.remask_delta < 0:
             raise ValueError(f"remask_delta must be >= 0, got {self.remask_delta}")
         if self.entropy_bound < 0:
@@ -221,6 +231,11 @@ class DecodeConfig:
             raise ValueError(f"top_k and seed must be >= 0, got {self.top_k} and {self.seed}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def set_size(self) -> int | None:
+        """The fixed candidate set size (`candidates`), or None where the planner sizes sets."""
+        return None if self.candidates == "auto" else int(self.candidates)
 
     @property
     def needs_head(self) -> bool:
