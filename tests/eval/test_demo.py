@@ -15,6 +15,7 @@ def row(label: str, mode: str, speed: float, accuracy: float = 1.0, lossless: bo
     """A bench row with only what the demo's judgement and cells read."""
     return {"task": task, "mode": mode, "family": mode, "setting": label.partition(":")[2],
             "label": label, "n": 20, "accuracy": accuracy, "tokens_per_forward": 2.0,
+            "query_tokens_per_forward": 16.0 if mode == "static" else 40.0,
             "tokens_per_second": speed, "speedup": round(speed / 100, 3),
             "reproduces": rule, "speedup_vs_rule": None if rule is None else speed / 300,
             "differing_from_rule": 0 if rule else None, "speedup_vs_self": None,
@@ -75,6 +76,7 @@ def test_the_table_marks_slower_rows_and_recommendations():
     assert cells["0.4"]["vs frontier"] == "1.10x (dynamic:0.9)"
     assert cells["4"]["vs frontier"] == "0.50x slower (dynamic:0.9)"
     assert cells["static"]["lossless"] == "reference" and cells["static"]["vs static"] == "1.00x"
+    assert (cells["static"]["query/forward"], spec["query/forward"]) == ("16", "40")
     table = format_table(list(cells.values()), DEMO_COLUMNS)
     assert table.splitlines()[0].split()[-3:] == ["same", "lossless", "recommended"]
 
