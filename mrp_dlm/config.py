@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 __all__ = ["BACKBONE_PRESETS", "CUDA_DTYPE", "DEFAULT_DEVICE", "DEFAULT_DTYPE", "DISTILL_DECODE",
            "DISTILL_FORMATS", "DRAFTERS", "DTYPE_NAMES", "INVARIANT_CHOICES", "MODES",
            "MOST_CANDIDATES", "MRP_MODES", "REMASK_RULES", "REVEAL_RULES", "SDAR_BLOCK_SIZE",
-           "SDAR_MASK_TOKEN_ID", "SDAR_STOP_TOKEN_IDS", "STRATEGIES", "BackboneConfig", "BlockSchedule", "DecodeConfig",
-           "DistillConfig", "HeadConfig", "HeadTrainConfig", "RunConfig", "TrainConfig",
-           "dtype_for"]
+           "SDAR_MASK_TOKEN_ID", "SDAR_STOP_TOKEN_IDS", "STRATEGIES", "BackboneConfig",
+           "BlockSchedule", "DecodeConfig", "DistillConfig", "HeadConfig", "HeadTrainConfig",
+           "RunConfig", "TrainConfig", "dtype_for"]
 
 # SDAR family defaults: the published config.json files lack these keys and every engine
 # hard-codes them.

@@ -339,4 +339,5 @@ class DraftPlanner:
     def times_sets(self, key: int, size: int, copies: int) -> bool:
         """Whether a round of `copies` verify copies with sets of `size` is to be timed (not
         where the size is fixed: no choice rests on it)."""
-        return self.size is None and size > 1 and len(self.set_rounds.get((key, copies), [])) < TIMING_REPEATS
+        timed = len(self.set_rounds.get((key, copies), []))
+        return self.size is None and size > 1 and timed < TIMING_REPEATS

@@ -8,8 +8,8 @@ rule it reproduces, `speculative:K@τ` (without `@τ`, the base config's thresho
 label always shows it; `speculative-self:K@τ` is the same with self-drafts only (no head
 read: what a checkpoint without a trained head gets), the row every speculative row with
 a head is compared to. `speculative:KxN@τ` fixes the candidate set size N (`--candidates`;
-without `xN`, the base config's, `auto` by default). Remask entries name their rule, `remask-chain:τ` and
-`remask-paper:τ@δ` (without `@δ`, the base's remask_delta);
+without `xN`, the base config's, `auto` by default). Remask entries name their rule,
+`remask-chain:τ` and `remask-paper:τ@δ` (without `@δ`, the base's remask_delta);
 a plain `remask:τ` takes the base config's rule, and its label names the rule. Every other
 knob comes from a base config.
 Static is always part of a grid and always first: every ratio is measured against it. A

@@ -6,8 +6,7 @@
                             # LowConfidence threshold it reproduces (1.0: static decoding)
     adaptive: true          # MrpSpeculative only, optional, default DecodeConfig's: run only
                             # the head drafts that measured acceptance and cost say pay off
-    candidates: auto        # MrpSpeculative only, optional: auto or 1 (the drafts alone);
-                            # candidate sets (N > 1) are library-only, refused here
+    candidates: auto        # MrpSpeculative, optional: auto or 1; sets (N > 1): library-only
     head: /path/to/head     # MRP head directory (config.json + model.safetensors); required
                             # by MrpDirect; without it MrpSpeculative self-drafts (the
                             # rule's steps on the seed logits, no head)
