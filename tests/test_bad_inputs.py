@@ -93,6 +93,8 @@ CASES = {
     "bench into a non-empty --out": (["bench", "--task", "arith", "--out", "{non_empty}"],
                                      f"--out {{non_empty}} is not empty; pass --force", False),
     "demo --threads -1": (["demo", "--threads", "-1"], "--threads must be >= 0", False),
+    "demo --candidates 0": (["demo", "--candidates", "0"],
+                            "candidates (--candidates) must be auto", False),
     "export into a non-empty --out": (["export", "--out", "{non_empty}"],
                                       "--out {non_empty} is not empty; pass --force", False),
     "distill, a missing --prompts file": (
