@@ -7,6 +7,7 @@ under a second; each command imports what it runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shlex
@@ -201,15 +202,16 @@ def add_distill_parser(commands) -> dict[str, list[str]]:
     return names
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace, names: list[str]) -> int:
     from mrp_dlm.eval.demo import run_demo
     from mrp_dlm.eval.demo_table import demo_json, demo_text
 
     check_positive(args, "problems")
-    check_before_load(args, DecodeConfig())
+    base = build_dataclass(DecodeConfig, args, names)  # only --candidates: the rows are fixed
+    check_before_load(args, base)
     pipe = load_pipeline(args, None)
     print(f"mrp demo: {pipe.directory}, {args.problems} held-out problems per task")
-    report = run_demo(pipe, args.problems, progress=True)
+    report = run_demo(pipe, args.problems, progress=True, candidates=base.candidates)
     print(demo_text(report))
     if args.json:
         print(json.dumps(demo_json(report)))
@@ -385,6 +387,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     demo.add_argument("--problems", type=int, default=DEMO_PROBLEMS,
                       help=f"problems per task (default: {DEMO_PROBLEMS})")
     demo.add_argument("--json", action="store_true", help="end with one JSON line of the rows")
+    fields["demo"] = add_dataclass_flags(demo, DecodeConfig, skip=tuple(
+        spec.name for spec in dataclasses.fields(DecodeConfig) if spec.name != "candidates"))
 
     train = commands.add_parser("train", help="train a backbone or an MRP head")
     targets = train.add_subparsers(dest="target", required=True)
@@ -421,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             return cmd_bench(args, fields["bench"])
         if args.command == "demo":
-            return cmd_demo(args)
+            return cmd_demo(args, fields["demo"])
         if args.command == "export":
             return cmd_export(args)
         if args.command == "distill":

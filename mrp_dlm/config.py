@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 __all__ = ["BACKBONE_PRESETS", "BackboneConfig", "BlockSchedule", "CUDA_DTYPE", "DEFAULT_DEVICE",
            "DEFAULT_DTYPE", "DISTILL_DECODE", "DISTILL_FORMATS", "DRAFTERS", "DTYPE_NAMES",
            "DecodeConfig", "DistillConfig", "HeadConfig", "HeadTrainConfig", "INVARIANT_CHOICES",
-           "LOGPROB_MODES", "MODES", "MRP_MODES", "REMASK_RULES", "REVEAL_RULES", "RunConfig",
-           "SDAR_BLOCK_SIZE", "SDAR_MASK_TOKEN_ID", "SDAR_STOP_TOKEN_IDS", "STRATEGIES",
-           "TrainConfig", "dtype_for"]
+           "LOGPROB_MODES", "MODES", "MOST_CANDIDATES", "MRP_MODES", "REMASK_RULES",
+           "REVEAL_RULES", "RunConfig", "SDAR_BLOCK_SIZE", "SDAR_MASK_TOKEN_ID",
+           "SDAR_STOP_TOKEN_IDS", "STRATEGIES", "TrainConfig", "dtype_for"]
 
 # SDAR family defaults: the published config.json files lack these keys and every engine
 # hard-codes them.
@@ -34,6 +34,7 @@ LOGPROB_MODES = (*STRATEGIES, "speculative")  # the modes that return DecodeConf
 REMASK_RULES = ("chain", "paper")  # see `decoding/remask.py`, `decoding/veto.py`
 DRAFTERS = ("head", "self")  # what speculative decoding drafts with, see `decoding/drafting.py`
 INVARIANT_CHOICES = ("auto", "on", "off")  # verify copies as lone forwards: `model/invariant.py`
+MOST_CANDIDATES = 4  # largest candidate set: a draft and 3 alternatives (`decoding/candidates.py`)
 # What a model loads in unless told (Pipeline, `mrp`). Plain names, so that the CLI builds its
 # help without importing torch (`model/loading.py` maps them to torch dtypes).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model loads in
@@ -178,6 +179,10 @@ class DecodeConfig:
         "speculative: head (the MRP head where one is loaded, mixed with self-drafts as adaptive "
         "chooses; without a head, self-drafts) or self (self-drafts only, the rule's steps on the "
         "seed logits: no head read or run)")})
+    candidates: str = field(default="auto", metadata={"help": (
+        "speculative: candidate set size verified per later draft, the draft and N - 1 "
+        f"alternatives (1..{MOST_CANDIDATES}; 1: the drafts alone), or auto (the planner sizes "
+        "sets from measured rates and costs)")})
     stop_token_ids: tuple[int, ...] | None = field(default=None, metadata={"help": (
         "None means the model's stop ids")})
     cuda_graphs: bool = field(default=False, metadata={"help": (
@@ -218,6 +223,11 @@ class DecodeConfig:
         if self.invariant_verify not in INVARIANT_CHOICES:
             raise ValueError(f"unknown invariant_verify {self.invariant_verify!r}; choose one of "
                              f"{', '.join(INVARIANT_CHOICES)}")
+        object.__setattr__(self, "candidates", str(self.candidates).strip().lower())
+        if self.candidates != "auto" and not (
+                self.candidates.isdigit() and 1 <= int(self.candidates) <= MOST_CANDIDATES):
+            raise ValueError(f"candidates (--candidates) must be auto or an integer in "
+                             f"[1, {MOST_CANDIDATES}], got {self.candidates!r}")
         if self.remask_delta < 0:
             raise ValueError(f"remask_delta must be >= 0, got {self.remask_delta}")
         if self.entropy_bound < 0:
@@ -235,6 +245,11 @@ class DecodeConfig:
         if self.logprobs and self.mode not in LOGPROB_MODES:
             raise ValueError(f"logprobs are not returned by mode {self.mode!r} (yet): use "
                              f"one of {', '.join(LOGPROB_MODES)}")
+
+    @property
+    def set_size(self) -> int | None:
+        """The fixed candidate set size (`candidates`), or None where the planner sizes sets."""
+        return None if self.candidates == "auto" else int(self.candidates)
 
     @property
     def needs_head(self) -> bool:

@@ -1,6 +1,7 @@
-"""A draft planner with fixed candidate sets, for tests and benchmarks/candidate_sets.py:
-the library's planner sizes sets from measured rates and costs only; this one forces a
-size (and, given `sources`, a fixed plan) without a hook in the production class."""
+"""A draft planner with a fixed plan, for tests and benchmarks/candidate_sets.py: the
+library's planner takes a fixed set size (`DecodeConfig.candidates`) but plans its drafts
+from measured rates and costs only; this one, given `sources`, runs a fixed plan without a
+hook in the production class."""
 
 from __future__ import annotations
 
@@ -9,25 +10,16 @@ from mrp_dlm.decoding.drafting import DraftPlanner
 
 
 class FixedSets(DraftPlanner):
-    """Every round with later drafts verifies sets of `size` (1: the drafts alone); adaptive,
-    it still counts verdicts and alternative hits. `sources`: every round's fixed plan, with
-    free costs for the batch keys `keys` (no cost probe)."""
+    """Every round with later drafts verifies sets of `size` (1: the drafts alone), as the
+    library's planner with that size does; adaptive, it still counts verdicts and alternative
+    hits. `sources`: every round's fixed plan, with free costs for the batch keys `keys` (no
+    cost probe)."""
 
     def __init__(self, size: int, lookahead: int, adaptive: bool = False, head: bool = True,
                  sources: tuple[str, ...] | None = None, keys: range = range(0)) -> None:
-        super().__init__(lookahead, adaptive, head)
-        self.size, self.fixed = size, sources
+        super().__init__(lookahead, adaptive, head, size)
+        self.fixed = sources
         self.costs.update(dict.fromkeys(keys, RoundCosts(0.0, 0.0)))
-
-    @property
-    def most_size(self) -> int:
-        return self.size
 
     def best_sources(self, key: int) -> tuple[str, ...]:
         return super().best_sources(key) if self.fixed is None else self.fixed
-
-    def may_set(self, key: int, plan: tuple[str, ...]) -> bool:
-        return self.size > 1
-
-    def set_size(self, key: int, plan: tuple[str, ...]) -> int:
-        return self.size

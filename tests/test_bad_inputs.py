@@ -76,6 +76,11 @@ CASES = {
     "generate --lookahead 1000": (["generate", "--prompt", "hi", "--mode", "speculative",
                                    "--lookahead", "1000"],
                                   "lookahead (1000) cannot exceed block_size (4)", False),
+    "generate --candidates 9": (["generate", "--prompt", "hi", "--mode", "speculative",
+                                 "--candidates", "9"], "candidates (--candidates) must be auto "
+                                "or an integer in [1, 4], got '9'", False),
+    "bench --candidates x": (["bench", "--task", "arith", "--out", "{tmp}/b", "--candidates",
+                              "x"], "candidates (--candidates) must be auto", False),
     "generate --seed -1": (["generate", "--prompt", "hi", "--seed", "-1"],
                            "seed must be >= 0, got 0 and -1", False),
     "eval --threads -1": (["eval", "--task", "arith", "--out", "{tmp}/e", "--threads", "-1"],
@@ -88,6 +93,8 @@ CASES = {
     "bench into a non-empty --out": (["bench", "--task", "arith", "--out", "{non_empty}"],
                                      f"--out {{non_empty}} is not empty; pass --force", False),
     "demo --threads -1": (["demo", "--threads", "-1"], "--threads must be >= 0", False),
+    "demo --candidates 0": (["demo", "--candidates", "0"],
+                            "candidates (--candidates) must be auto", False),
     "export into a non-empty --out": (["export", "--out", "{non_empty}"],
                                       "--out {non_empty} is not empty; pass --force", False),
     "distill, a missing --prompts file": (

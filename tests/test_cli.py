@@ -60,6 +60,7 @@ def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     assert code == 0, err
     last = json.loads(out.strip().splitlines()[-1])
     report = last["demo"]
+    assert all(row["query_tokens_per_forward"] > 0 for row in report)
     assert (last["batch_size"], last["latency_problems"]) == (2, 2)
     modes = {(row["task"], row["mode"]) for row in report}
     assert ("arith", "speculative") in modes and ("arith-code", "static") in modes
@@ -75,7 +76,7 @@ def test_demo_runs_on_a_given_model(saved_model_and_head, capsys):
     assert lines[header].split()[-10:] == ["vs", "rule", "vs", "frontier", "vs", "self-drafts",
                                            "drafts", "same", "lossless", "recommended"]
     table = {tuple(line.split()[:3]): line for line in lines[header + 1:header + 15]}
-    assert table["arith", "static", "-"].split()[6:9] == ["1.00x", "-", "-"]
+    assert table["arith", "static", "-"].split()[7:10] == ["1.00x", "-", "-"]
     spec = table["arith", "speculative", "lookahead=3"]
     # yes*: exact up to float ties, the CPU's batched verify (`--invariant-verify` auto)
     assert "dynamic:0.9" in spec and " 2/2 " in spec and " yes* " in spec

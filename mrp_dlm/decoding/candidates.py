@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from mrp_dlm.config import MOST_CANDIDATES
 from mrp_dlm.decoding.selection import rank_positions
 
-ALTERNATIVES = 3  # A: alternatives built per later draft
+ALTERNATIVES = MOST_CANDIDATES - 1  # A: alternatives built per later draft
 
 
 @dataclass(frozen=True)

@@ -117,10 +117,13 @@ class DraftPlanner:
     """What a speculative decoder keeps across the calls it serves (the library's decoder
     and the SGLang plugin's algorithm alike): the acceptance of each draft source and, per
     batch key (a batch size, or a bucket of them), the round costs once learnt, a
-    `CostProbe` while they are being learnt. Not adaptive: nothing is kept."""
+    `CostProbe` while they are being learnt. Not adaptive: nothing is kept. size: a fixed
+    candidate set size for every round with later drafts (`DecodeConfig.candidates`; None:
+    sized from the measured rates and costs)."""
 
-    def __init__(self, lookahead: int, adaptive: bool, head: bool = True) -> None:
-        self.lookahead, self.adaptive = lookahead, adaptive
+    def __init__(self, lookahead: int, adaptive: bool, head: bool = True,
+                 size: int | None = None) -> None:
+        self.lookahead, self.adaptive, self.size = lookahead, adaptive, size
         self.sources = SOURCES if head else (SELF,)  # what this decoder can draft from
         self.acceptance = {source: Acceptance() for source in self.sources}
         self.rounds = 0  # rounds planned from learnt costs (for EXPLORE_EVERY)
@@ -240,6 +243,8 @@ class DraftPlanner:
     def most_size(self) -> int:
         """The set size a call's scratch slots are sized for: the largest chosen last per
         batch key (a set chosen within a call that has no room for it waits for the next)."""
+        if self.size is not None:
+            return self.size
         return max(self.chosen.values(), default=1)
 
     # --- behind the face --------------------------------------------------------------
@@ -278,7 +283,10 @@ class DraftPlanner:
     def may_set(self, key: int, plan: tuple[str, ...]) -> bool:
         """Whether a round with `plan` builds its drafts' alternatives (and so counts their
         hits): adaptive with learnt costs, where some set would pay if every alternative
-        hit. Elsewhere no hit rate could make a set pay, so none is built or scored."""
+        hit. Elsewhere no hit rate could make a set pay, so none is built or scored. With
+        a fixed size: every plan with drafts, where the size is over 1."""
+        if self.size is not None:
+            return self.size > 1 and bool(plan)
         if not self.adaptive or key not in self.costs or not plan:
             return False
         certain = [[1.0] * MOST_SET for _ in plan]
@@ -288,7 +296,9 @@ class DraftPlanner:
     def set_size(self, key: int, plan: tuple[str, ...]) -> int:
         """The candidate set size of a round with `plan`, where `may_set`: the measured
         rates of the plan's drafts and of their alternatives and the cost of a verify copy
-        say which size pays most (1: the draft alone)."""
+        say which size pays most (1: the draft alone); or the fixed size."""
+        if self.size is not None:
+            return self.size
         rescues = [[self.hits[source].rescue(size) for size in range(1, MOST_SET + 1)]
                    for source in plan]
         self.chosen[key] = best_size(self.plan_rates(plan), rescues, self.copy_costs(key, plan),
@@ -341,5 +351,7 @@ class DraftPlanner:
         return max(min(seconds) - drafts_only, 0.0) / (costs.forward * (copies - v))
 
     def times_sets(self, key: int, size: int, copies: int) -> bool:
-        """Whether a round of `copies` verify copies with sets of `size` is to be timed."""
-        return size > 1 and len(self.set_rounds.get((key, copies), [])) < TIMING_REPEATS
+        """Whether a round of `copies` verify copies with sets of `size` is to be timed (not
+        where the size is fixed: no choice rests on it)."""
+        timed = len(self.set_rounds.get((key, copies), []))
+        return self.size is None and size > 1 and timed < TIMING_REPEATS

@@ -75,28 +75,35 @@ class Counters:
     stats: DecodeStats
     committed: torch.Tensor  # () int64
     row_forwards: torch.Tensor  # (2,) int64, row forwards: all, and denoise/verify only
+    row_queries: torch.Tensor  # () int64, block tokens those denoise/verify row forwards ran
 
     @classmethod
     def start(cls, device: torch.device) -> "Counters":
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-        return cls(DecodeStats(), zeros(), zeros(2))
+        return cls(DecodeStats(), zeros(), zeros(2), zeros())
 
     def add_prefill(self, rows: int) -> None:
         self.stats.prefill_forwards += 1
         self.row_forwards[0] += rows
 
-    def add_denoise(self, active: torch.Tensor, store: bool = False) -> None:
-        """One forward on one block state of the `active` (B,) rows; `store`: it also wrote
-        the previous block's keys and values."""
+    def add_denoise(self, active: torch.Tensor, width: int, store: bool = False) -> None:
+        """One forward on one block state, `width` = L tokens, of the `active` (B,) rows;
+        `store`: it also wrote the previous block's keys and values."""
         self.stats.denoise_forwards += 1
         self.stats.store_forwards += int(store)
-        self.row_forwards += active.sum()
+        self.add_rows(active, width)
 
-    def add_verify(self, active: torch.Tensor, lone: bool = False) -> None:
-        """`lone`: its copies ran as lone forwards (`BlockContext.invariant`)."""
+    def add_verify(self, active: torch.Tensor, width: int, lone: bool = False) -> None:
+        """One forward on M block states, `width` = M*L tokens; `lone`: its copies ran as
+        lone forwards (`BlockContext.invariant`)."""
         self.stats.verify_forwards += 1
         self.stats.lone_verify_forwards += int(lone)
-        self.row_forwards += active.sum()
+        self.add_rows(active, width)
+
+    def add_rows(self, active: torch.Tensor, width: int) -> None:
+        rows = active.sum()
+        self.row_forwards += rows
+        self.row_queries += width * rows
 
     def add_commits(self, commit: torch.Tensor) -> None:
         self.committed += commit.sum()
@@ -203,14 +210,14 @@ class BlockContext:
         if self.pending is not None:
             step, self.pending = self.pending, None
             return step
-        self.counters.add_denoise(self.active)
+        self.counters.add_denoise(self.active, block.shape[1])
         base_hidden = self.forward(block)  # (B, L, H)
         return BackboneStep(base_hidden, self.model.logits(base_hidden))
 
     def verify(self, states: torch.Tensor) -> BackboneStep:
         """The backbone on M block states (B, M*L) in one verify forward; with `invariant`,
         each copy as a lone denoise forward (`model/invariant.py`: bit-equal logits)."""
-        self.counters.add_verify(self.active, self.invariant)
+        self.counters.add_verify(self.active, states.shape[1], self.invariant)
         if self.invariant:
             return BackboneStep(*copies_as_lone(self.forward, self.model.logits, states,
                                                 self.schedule.block_size))
@@ -224,7 +231,7 @@ class BlockContext:
         Counted as one denoise forward that also stores.
         """
         L = self.schedule.block_size
-        self.counters.add_denoise(self.active, store=True)
+        self.counters.add_denoise(self.active, L, store=True)
         positions = torch.cat((self.positions - L, self.positions), dim=1)  # (B, 2L)
         both = torch.cat((finished, block), dim=1)  # (B, 2L)
         both_hidden = self.bucket.backbone(self.model, both, positions,
@@ -421,6 +428,7 @@ def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule:
     stats = counters.stats
     stats.committed = int(counters.committed)
     stats.row_forwards, stats.row_denoise_forwards = counters.row_forwards.tolist()
+    stats.row_query_tokens = int(counters.row_queries)
     stats.tokens = sum(len(ids) for ids in out)
     stats.seconds = time.perf_counter() - began
     return DecodeResult(token_ids=out, stats=stats,

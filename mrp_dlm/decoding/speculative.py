@@ -289,7 +289,8 @@ class SpeculativeDecoder:
 
     def __init__(self, config: DecodeConfig, head: MRPHead | None) -> None:
         self.config, self.head = config, head
-        self.planner = DraftPlanner(config.lookahead, config.adaptive, head is not None)
+        self.planner = DraftPlanner(config.lookahead, config.adaptive, head is not None,
+                                    config.set_size)
         self.sampling = sampling_of(config)
         self.counts: RoundCounts | None = None  # this call's, from its first verified round
         self.pending: Pending | None = None  # the last verified round's, for the planner

@@ -26,6 +26,7 @@ class DecodeStats:
     committed: int = 0  # positions revealed by the decoder
     row_forwards: int = 0  # backbone forwards times the rows still generating in each
     row_denoise_forwards: int = 0  # the same for denoise and verify forwards only
+    row_query_tokens: int = 0  # block tokens those row forwards ran: L a denoise, M*L a verify
     rounds: int = 0  # speculative rounds (steps with later drafts, verified)
     accepted: int = 0  # later states (after the first) accepted in those rounds
     head_drafts: int = 0  # speculative: head drafts made (that revealed a position)
@@ -57,6 +58,12 @@ class DecodeStats:
         return self.tokens / max(self.row_denoise_forwards, 1)
 
     @property
+    def query_tokens_per_forward(self) -> float:
+        """Block tokens the backbone ran per denoising forward of a row (L x the copies,
+        averaged; L for the rule alone): the verify width the tokens per forward cost."""
+        return self.row_query_tokens / max(self.row_denoise_forwards, 1)
+
+    @property
     def mean_accepted(self) -> float:
         """Drafts accepted per speculative round."""
         return self.accepted / self.rounds if self.rounds else 0.0
@@ -84,5 +91,6 @@ class DecodeStats:
         return {**asdict(self), "backbone_forwards": self.backbone_forwards,
                 "tokens_per_forward": round(self.tokens_per_forward, 4),
                 "tokens_per_denoise_forward": round(self.tokens_per_denoise_forward, 4),
+                "query_tokens_per_forward": round(self.query_tokens_per_forward, 2),
                 "mean_accepted": round(self.mean_accepted, 4), "exactness": self.exactness,
                 "tokens_per_second": round(self.tokens_per_second, 2)}

@@ -44,7 +44,8 @@ PLOTS = {"accuracy_vs_speedup.png": ("speedup", "speedup over static (tokens/s r
                                                 "tokens per backbone forward (end to end)")}
 MARKDOWN_COLUMNS = (("task", "task"), ("label", "mode"), ("accuracy", "acc"),
                     ("tokens_per_forward", "tok/fwd"),
-                    ("tokens_per_denoise_forward", "tok/denoise"), ("tokens_per_second", "tok/s"),
+                    ("tokens_per_denoise_forward", "tok/denoise"),
+                    ("query_tokens_per_forward", "query/fwd"), ("tokens_per_second", "tok/s"),
                     ("speedup", "speedup"), ("reproduces", "must equal"),
                     ("identical_to_rule", "same as rule"), ("speedup_vs_rule", "speedup vs rule"),
                     ("speedup_vs_self", "vs self-drafts"), ("self_draft_share", "self-draft share"),

@@ -16,6 +16,7 @@ Deliberately not here: the report as text (`demo_table.py`), printing (the CLI).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -162,10 +163,18 @@ def judged(rows: list[dict]) -> list[dict]:
     return recommend(with_frontier_speed(rows))
 
 
-def run_demo(pipe: Pipeline, problems: int = DEMO_PROBLEMS, progress: bool = False) -> DemoReport:
+def demo_configs(candidates: str = DecodeConfig.candidates) -> tuple[DecodeConfig, ...]:
+    """DEMO_CONFIGS with the speculative rows' candidate set size `candidates`."""
+    return tuple(dataclasses.replace(c, candidates=candidates) if c.mode == "speculative" else c
+                 for c in DEMO_CONFIGS)
+
+
+def run_demo(pipe: Pipeline, problems: int = DEMO_PROBLEMS, progress: bool = False,
+             candidates: str = DecodeConfig.candidates) -> DemoReport:
     """Every demo config (the MRP ones when the pipeline has a head) on each embedded task,
-    timed as a batch of `problems` and at batch 1; `progress` shows bars on stderr."""
-    configs, dropped = split_by_head(DEMO_CONFIGS, pipe.head_dir is not None)
+    timed as a batch of `problems` and at batch 1; `progress` shows bars on stderr;
+    `candidates`: the speculative rows' candidate set size (`DecodeConfig.candidates`)."""
+    configs, dropped = split_by_head(demo_configs(candidates), pipe.head_dir is not None)
     for config in configs:
         check_config(pipe, config)
     suites = [(GradeMemo(task), task.examples("test", problems))

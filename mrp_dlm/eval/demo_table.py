@@ -14,9 +14,9 @@ from mrp_dlm.eval.demo import MARGIN, DemoReport
 from mrp_dlm.eval.grid import BASELINE
 from mrp_dlm.model.invariant import UP_TO_TIES
 
-DEMO_COLUMNS = ["task", "mode", "setting", "accuracy", "tokens/forward", "tokens/s",
-                "vs static", "must equal", "vs rule", "vs frontier", "vs self-drafts", "drafts",
-                "same", "lossless", "recommended"]
+DEMO_COLUMNS = ["task", "mode", "setting", "accuracy", "tokens/forward", "query/forward",
+                "tokens/s", "vs static", "must equal", "vs rule", "vs frontier",
+                "vs self-drafts", "drafts", "same", "lossless", "recommended"]
 THROUGHPUT_COLUMNS = ["task", "mode", "setting", "accuracy", "tokens/s", "vs static",
                       "vs rule", "vs frontier", "recommended"]
 SAMPLES_SHOWN = 2  # completions printed after the tables, spread over the results
@@ -51,6 +51,7 @@ def demo_cells(row: dict) -> dict:
     return {"task": row["task"], "mode": mode, "setting": row["setting"] or "-",
             "accuracy": f"{row['accuracy']:.0%}",
             "tokens/forward": f"{row['tokens_per_forward']:.2f}",
+            "query/forward": f"{row.get('query_tokens_per_forward', 0):.0f}",
             "tokens/s": f"{row['tokens_per_second']:.0f}",
             "vs static": times(row["speedup"], slower=False),
             "must equal": rule or "-", "vs rule": times(row["speedup_vs_rule"] if rule else None),
@@ -71,7 +72,9 @@ def demo_legend(report: DemoReport) -> str:
             "per task, from the batched decode; the other columns are each regime's own. "
             "tokens/forward: generated tokens (up to the stop token) per backbone "
             "forward of a row, the prompt's forwards and those that finish the last block past "
-            "the stop included (so static, one token per denoising forward, shows less than 1). "
+            "the stop included (so static, one token per denoising forward, shows less than 1); "
+            "query/forward: block tokens the backbone ran per denoising forward of a row (L "
+            "for the rule, L x the verify copies in a speculative round). "
             "vs static: tokens/s over static's in the same regime; lossless: output identical "
             "by construction to the rule it must equal (static, or dynamic at the speculative "
             "threshold; yes*: exact up to float ties, the verify copies ran batched, "

@@ -7,8 +7,9 @@ and speculative, the entropy bound of entropy. Speculative also names the thresh
 rule it reproduces, `speculative:K@τ` (without `@τ`, the base config's threshold); its
 label always shows it; `speculative-self:K@τ` is the same with self-drafts only (no head
 read: what a checkpoint without a trained head gets), the row every speculative row with
-a head is compared to. Remask entries name their rule, `remask-chain:τ` and
-`remask-paper:τ@δ` (without `@δ`, the base's remask_delta);
+a head is compared to. `speculative:KxN@τ` fixes the candidate set size N (`--candidates`;
+without `xN`, the base config's, `auto` by default). Remask entries name their rule,
+`remask-chain:τ` and `remask-paper:τ@δ` (without `@δ`, the base's remask_delta);
 a plain `remask:τ` takes the base config's rule, and its label names the rule. Every other
 knob comes from a base config.
 Static is always part of a grid and always first: every ratio is measured against it. A
@@ -62,14 +63,22 @@ def grid_label(config: DecodeConfig) -> str:
     name = VALUE_FIELDS.get(config.mode)
     if name is None:
         return config.mode
-    label = f"{entry_mode(config)}:{getattr(config, name):g}"
+    label = f"{entry_mode(config)}:{getattr(config, name):g}{set_suffix(config)}"
     second = second_knob(config)
     return label if second is None else f"{label}@{second[1]:g}"
 
 
+def set_suffix(config: DecodeConfig) -> str:
+    """"xN" after a speculative entry's K where its candidate set size is fixed, else ""."""
+    fixed = config.mode == "speculative" and config.set_size is not None
+    return f"x{config.set_size}" if fixed else ""
+
+
 def family_of(config: DecodeConfig) -> str:
-    """The sweep a config belongs to (a plot's line): its mode; a remask rule, with its δ."""
-    return entry_mode(config) + (f" δ={config.remask_delta:g}" if config.vetoes else "")
+    """The sweep a config belongs to (a plot's line): its mode; a remask rule, with its δ;
+    a fixed candidate set size."""
+    return (entry_mode(config) + (f" δ={config.remask_delta:g}" if config.vetoes else "")
+            + (f" {set_suffix(config)}" if set_suffix(config) else ""))
 
 
 def setting_of(config: DecodeConfig) -> str:
@@ -82,6 +91,8 @@ def setting_of(config: DecodeConfig) -> str:
         parts.append(f"remask_rule={config.remask_rule}")
     if config.mode == "speculative" and config.drafter == "self":
         parts.append("drafter=self")
+    if set_suffix(config):
+        parts.append(f"candidates={config.set_size}")
     second = second_knob(config)
     return " ".join(parts + ([f"{second[0]}={second[1]:g}"] if second else []))
 
@@ -93,7 +104,8 @@ def rule_of(config: DecodeConfig) -> DecodeConfig | None:
     if config.mode != "speculative":
         return None
     mode = "static" if config.threshold >= 1.0 else "dynamic"
-    return dataclasses.replace(config, mode=mode, drafter=DecodeConfig.drafter)
+    return dataclasses.replace(config, mode=mode, drafter=DecodeConfig.drafter,
+                               candidates=DecodeConfig.candidates)
 
 
 def self_of(config: DecodeConfig) -> DecodeConfig | None:
@@ -118,6 +130,12 @@ def parse_entry(entry: str, base: DecodeConfig) -> DecodeConfig:
         mode = "speculative"
     if at:
         base = with_second_knob(text, base, second)
+    if mode == "speculative" and "x" in value:
+        value, _, size = value.partition("x")
+        try:
+            base = dataclasses.replace(base, candidates=size)
+        except ValueError as error:
+            raise ValueError(f"grid entry {entry!r}: {error} (speculative:KxN)") from None
     if mode not in MODES:
         raise ValueError(f"grid entry {entry!r}: unknown mode {mode!r}; choose one of "
                          f"{', '.join(MODES + tuple(REMASK_ENTRIES) + (SELF_ENTRY,))}")

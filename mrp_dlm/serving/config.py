@@ -6,6 +6,7 @@
                             # LowConfidence threshold it reproduces (1.0: static decoding)
     adaptive: true          # MrpSpeculative only, optional, default DecodeConfig's: run only
                             # the head drafts that measured acceptance and cost say pay off
+    candidates: auto        # MrpSpeculative, optional: auto or 1; sets (N > 1): library-only
     head: /path/to/head     # MRP head directory (config.json + model.safetensors); required
                             # by MrpDirect; without it MrpSpeculative self-drafts (the
                             # rule's steps on the seed logits, no head)
@@ -50,6 +51,7 @@ class MrpServingConfig:
     lookahead: int = DecodeConfig.lookahead  # K: head steps per round (the library's default)
     threshold: float | None = None  # MrpSpeculative's rule; None: the library's default
     adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: draft only what pays (as the library)
+    candidates: str | int = DecodeConfig.candidates  # auto or 1: serving verifies no sets
     remask_delta: float | None = None  # MrpRemask: δ of the veto; None: the library's default
     block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
     mask_token_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
@@ -63,6 +65,11 @@ class MrpServingConfig:
             raise ServingConfigError(f"lookahead must be an integer >= 1, got {self.lookahead!r}")
         if not isinstance(self.adaptive, bool):
             raise ServingConfigError(f"adaptive must be true or false, got {self.adaptive!r}")
+        if str(self.candidates).strip().lower() not in (DecodeConfig.candidates, "1"):
+            raise ServingConfigError(
+                f"candidates must be auto or 1, got {self.candidates!r}: candidate sets "
+                "(N > 1) are library-only (`mrp generate/eval/bench --candidates N`); serving "
+                "verifies each draft alone")
         if self.threshold is not None and (
                 not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool)
                 or not 0.0 < self.threshold <= 1.0):

@@ -168,6 +168,7 @@ class MrpSpeculative(MrpAlgorithm):
             seconds = timer.stop()
         finally:
             scratch.release()
+        stats_of(self).record_rows(B, chains.rows.shape[0], L)
         if probe is not None:
             self.sample(bucket, rounds, self.agreed_seconds(model_runner, seconds))
         positions = block_positions(forward_batch, L)  # (B, L)

@@ -9,7 +9,8 @@ forward of every request in the batch:
   verify rows it had); a block that is all prompt is counted apart, as a prefill forward;
 - tokens: what a finished request returns (after its stop token), as `mrp generate` counts;
 - MrpSpeculative adds its drafting rounds: rounds that verified a draft after the first,
-  the drafts verified (of which self-drafts) and accepted (`record_round`).
+  the drafts verified (of which self-drafts) and accepted (`record_round`), and the block
+  rows each forward ran, L query tokens a row (`record_rows`).
 SGLang's own requests (its warm-up, `/health_generate`) are not counted. The log has one
 line per finished request, with the server's totals. With `--enable-metrics` the counters
 METRICS (label `algorithm`) join SGLang's on `/metrics` (SGLang collects every process's
@@ -38,6 +39,8 @@ METRICS = {  # ServingStats counter -> (Prometheus name without _total, help)
     "drafts": ("mrp_dlm_drafts", "MrpSpeculative drafts verified (head and self)"),
     "self_drafts": ("mrp_dlm_self_drafts", "MrpSpeculative self-drafts verified"),
     "accepted": ("mrp_dlm_accepted_drafts", "MrpSpeculative drafts accepted"),
+    "query_tokens": ("mrp_dlm_query_tokens", "MrpSpeculative block tokens forwarded, L a row"),
+    "row_calls": ("mrp_dlm_request_forwards", "MrpSpeculative requests' forwards"),
 }
 
 
@@ -71,6 +74,8 @@ class ServingStats:
     drafts: int = 0  # drafts after the first verified in those rounds (head and self)
     self_drafts: int = 0  # of which self-drafts (the rule on the seed logits)
     accepted: int = 0  # drafts accepted in those rounds
+    query_tokens: int = 0  # MrpSpeculative: block tokens forwarded (L per row, all requests)
+    row_calls: int = 0  # MrpSpeculative: requests' forwards those tokens were counted over
     open_forwards: dict[str, int] = field(default_factory=dict)  # rid -> forwards so far
 
     def record(self, rows: list[RequestForward]) -> list[FinishedRequest]:
@@ -98,9 +103,20 @@ class ServingStats:
             self.self_drafts += self_drafted
             self.accepted += accepted
 
+    def record_rows(self, requests: int, rows: int, block_size: int) -> None:
+        """One MrpSpeculative forward of `requests` requests over `rows` block rows."""
+        self.row_calls += requests
+        self.query_tokens += rows * block_size
+
     @property
     def tokens_per_forward(self) -> float:
         return self.tokens / max(self.forwards, 1)
+
+    @property
+    def query_tokens_per_forward(self) -> float:
+        """Block tokens the backbone ran per request per forward: L x its rows (its own
+        and its drafts' verify rows), averaged."""
+        return self.query_tokens / max(self.row_calls, 1)
 
     @property
     def forwards_per_request(self) -> float:
@@ -113,6 +129,8 @@ class ServingStats:
         text = (f"{self.requests} requests, {self.forwards_per_request:.2f} forwards per "
                 f"request, {self.tokens_per_forward:.3f} tokens per forward (generated tokens "
                 f"only; {self.prefill_forwards} prompt-only forwards apart)")
+        if self.row_calls:
+            text += f", {self.query_tokens_per_forward:.1f} query tokens per forward"
         if self.draft_rounds:
             text += (f", {self.accepted / self.draft_rounds:.2f} of "
                      f"{self.drafts / self.draft_rounds:.2f} drafts accepted per round "

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 
@@ -148,6 +149,53 @@ def test_alternatives_are_built_only_where_a_set_could_pay(rate, copy, want):
     assert not FixedSets(1, lookahead=3).plan(1, room=16).alternatives
     assert not DraftPlanner(lookahead=3, adaptive=False).may_set(1, plan)
 
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_a_fixed_size_is_every_rounds_set(adaptive):
+    # `--candidates N`: sets of N in every round with later drafts, learnt costs or not,
+    # where the planner on its own would keep the draft alone (CPU-like copies).
+    for size in range(1, MOST_SET + 1):
+        planner = DraftPlanner(lookahead=3, adaptive=adaptive, size=size)
+        for _ in range(2):
+            plan = planner.plan(1, room=16)
+            assert plan.sources or plan.probe is not None  # a probe's first: the rule alone
+            want = size if plan.sources else 1
+            assert (plan.size, plan.alternatives) == (want, want > 1)
+            assert not plan.timed or plan.probe is not None  # no set timing: nothing to choose
+            assert planner.most_size == size
+            planner.costs[1] = RoundCosts(head_step=0.1, copy=0.4)
+        narrow = planner.plan(1, room=3 + 1 + 3)  # what the scratch holds
+        assert narrow.size == candidates.fitting(size, len(narrow.sources), 7)
+        assert not planner.plan(1).alternatives  # no room given (serving): no set
+    assert DraftPlanner(lookahead=3, adaptive=True).plan(1, room=16).size == 1
+
+
+@pytest.mark.parametrize("value,size", [("auto", None), ("1", 1), (4, 4), (" Auto", None)])
+def test_candidates_config(value, size):
+    assert DecodeConfig(candidates=value).set_size == size
+
+
+@pytest.mark.parametrize("value", ["0", "5", "-1", "two", "", "2.0"])
+def test_bad_candidates_are_one_line_errors(value):
+    with pytest.raises(ValueError, match=r"^candidates \(--candidates\) must be auto or an "
+                                         r"integer in \[1, 4\], got '.*'$"):
+        DecodeConfig(candidates=value)
+
+
+def test_a_fixed_size_verifies_its_sets_end_to_end():
+    # The library's decoder with --candidates: size 1 builds no alternatives and verifies
+    # L (K + 1) tokens a round at most; size 4 verifies wider and equals the rule.
+    model, run = backbone(1, 16, True), rule_run(1, 16, True, 1.0)
+    config = spec_config(16, 1.0, run.stops)
+    head = HEADS["mild"](model, 1)
+    alone = generate(model, run.prompts, dataclasses.replace(config, candidates="1"),
+                     make_decoder(dataclasses.replace(config, candidates="1"), head))
+    sets = decode_with_sets(model, run.prompts, config, head, 4)
+    assert alone.token_ids == sets.token_ids == run.result.token_ids
+    assert alone.stats.rescued == 0 < sets.stats.rescued
+    assert alone.stats.query_tokens_per_forward <= 16 * 4
+    assert sets.stats.query_tokens_per_forward > alone.stats.query_tokens_per_forward
+
+
 def test_set_size_follows_the_timed_cost_of_rounds_with_sets():
     # The probe's copy cost says sets pay; rounds with them, once timed, say they do not
     # (their wider verify costs 0.3 forwards per alternative): each size is tried until
@@ -196,9 +244,12 @@ def spec_config(block_size: int, threshold: float, stops: tuple[int, ...], knobs
 
 
 def decode_with_sets(model, prompts, config, head, size):
-    decoder = make_decoder(config, head)
-    decoder.planner = FixedSets(size, config.lookahead, config.adaptive, head is not None)
-    return generate(model, prompts, config, decoder)
+    """The library's decoder with `--candidates size` (no planner of the tests')."""
+    config = dataclasses.replace(config, candidates=str(size))
+    result = generate(model, prompts, config, make_decoder(config, head))
+    if result.stats.verify_forwards:  # every verify held sets of `size` (or stopped early)
+        assert result.stats.query_tokens_per_forward > config.block_size
+    return result
 
 
 @pytest.mark.parametrize("threshold", [1.0, 0.2])

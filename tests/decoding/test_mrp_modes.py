@@ -541,6 +541,9 @@ def test_stats_definitions(mode):
         assert stats.mean_accepted == pytest.approx(stats.accepted / stats.rounds)
     if mode != "speculative":
         assert stats.rounds == stats.accepted == 0 and stats.accept_histogram == []
+        assert stats.query_tokens_per_forward == 4  # one block of L = 4 a forward
+    else:  # the seeds' L, then L per verify copy: at most K + 1 copies without sets
+        assert 4 < stats.query_tokens_per_forward <= 4 * (lookahead + 1)
     summary = stats.to_dict()
     assert summary["head_forwards"] == stats.head_forwards
     assert summary["tokens_per_forward"] == round(stats.tokens_per_forward, 4)

@@ -55,6 +55,10 @@ BAD_GRIDS = {
     "dynamic:0.5@0.9": ONLY_AFTER_AT,
     "remask-chain:0.5@2": ONLY_AFTER_AT,
     "remask-paper:0.5@x": "remask_delta must be a number >= 0",
+    "speculative:3x9@0.9": r"'speculative:3x9': candidates \(--candidates\) must be auto or an "
+                           r"integer in \[1, 4\], got '9' \(speculative:KxN\)",
+    "speculative:3x@0.9": "candidates .* got ''",
+    "dynamic:0.9x4": "threshold must be a number, got '0.9x4'",
 }
 
 
@@ -89,6 +93,23 @@ def test_a_lossless_mode_brings_its_rule():
     assert setting_of(configs[2]) == "lookahead=2 drafter=self threshold=0.75"
     assert (configs[2].drafter, configs[3].drafter, rule_of(configs[2]).drafter) == (
         "self", "head", "head")
+
+
+def test_a_speculative_entry_fixes_its_candidate_set_size():
+    # speculative:KxN@τ: sets of N (`--candidates N`); the rule and self-drafts come along,
+    # the self-drafts at the same N; without xN the base's size (auto unless given).
+    assert labels("speculative:3x4@0.9,speculative:3@0.9") == [
+        "static", "dynamic:0.9", "speculative-self:3x4@0.9", "speculative:3x4@0.9",
+        "speculative:3@0.9"]
+    configs = parse_grid("speculative-self:2x1@1,speculative:3x4@0.9", BASE)
+    assert [c.candidates for c in configs] == ["auto", "1", "auto", "4", "4"]  # the rule: auto
+    assert setting_of(configs[4]) == "lookahead=3 candidates=4 threshold=0.9"
+    assert family_of(configs[4]) == "speculative x4" and family_of(configs[2]) == "dynamic"
+    fixed = DecodeConfig(max_new_tokens=8, candidates="2")
+    assert [grid_label(c) for c in parse_grid("speculative:3@0.9,speculative:3x4@0.9",
+                                              fixed)] == [
+        "static", "dynamic:0.9", "speculative-self:3x2@0.9", "speculative:3x2@0.9",
+        "speculative:3x4@0.9"]
 
 
 @pytest.mark.parametrize("spec", BAD_GRIDS)
@@ -139,6 +160,9 @@ def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
     assert over_dynamic["speedup_vs_rule"] > 0 and over_dynamic["forward_cost_vs_rule"] > 0
     assert rows["direct:1"]["reproduces"] is None and rows["dynamic:0.5"]["reproduces"] is None
     assert speculative["mean_accepted"] is not None and static["mean_accepted"] is None
+    # L query tokens per forward for a rule, L x the verify copies in speculative rounds
+    assert static["query_tokens_per_forward"] == rows["dynamic:0.5"]["query_tokens_per_forward"]
+    assert speculative["query_tokens_per_forward"] > static["query_tokens_per_forward"] > 0
     assert not rows["direct:1"]["lossless"] and rows["dynamic:0.5"]["speedup"] > 0
     assert speculative["accuracy"] == static["accuracy"] and all(r["n"] == 2 for r in rows.values())
     # Every row is read against the frontier of static and dynamic:0.5, at its own speed; no
@@ -160,21 +184,23 @@ def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
     assert saved["rows"] == list(rows.values()) and saved["config"]["grid"] == list(rows)
     assert {"commit", "hardware", "peak_memory_bytes"} <= set(saved)
     assert len(paths[1].read_text().splitlines()) == 2 + len(rows)
+    assert "| query/fwd |" in paths[1].read_text()
     assert len(paths[2].read_text().splitlines()) == 2 + len(rows)
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths[3:])
 
 
 def test_lossless_violations_and_markdown_placeholders():
     rows = [dict(task="t", label="speculative:2@1", accuracy=1.0, tokens_per_forward=1.0,
-                 tokens_per_denoise_forward=1.0, tokens_per_second=3.0, speedup=0.5,
+                 tokens_per_denoise_forward=1.0, query_tokens_per_forward=40.0,
+                 tokens_per_second=3.0, speedup=0.5,
                  reproduces="static", identical_to_rule=0.5, speedup_vs_rule=0.5,
                  speedup_vs_self=1.1, self_draft_share=None, mean_accepted=None,
                  forward_cost_vs_rule=2.0, identical_to_static=0.5, lossless=True,
                  exactness="exact up to float ties")]
     assert bench.lossless_violations(rows) == rows
     assert bench.lossless_violations([{**rows[0], "lossless": False}]) == []
-    assert ("| t | speculative:2@1 | 1.0 | 1.0 | 1.0 | 3.0 | 0.5 | static | 0.5 | 0.5 | 1.1 | - "
-            "| - | 2.0 | 0.5 | True | exact up to float ties |") in bench.markdown(rows)
+    assert ("| t | speculative:2@1 | 1.0 | 1.0 | 1.0 | 40.0 | 3.0 | 0.5 | static | 0.5 | 0.5 "
+            "| 1.1 | - | - | 2.0 | 0.5 | True | exact up to float ties |") in bench.markdown(rows)
 
 
 def test_configs_take_turns_batch_by_batch(monkeypatch):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
+from conftest import run_cli
+from mrp_dlm.eval import demo
+from mrp_dlm.eval.demo import EXACT, MARGIN, NO_LOSS, demo_configs, judged, recommend
 from mrp_dlm.eval.demo_table import DEMO_COLUMNS, demo_cells, demo_legend, format_table
-from mrp_dlm.eval.demo import EXACT, MARGIN, NO_LOSS, judged, recommend
 
 
 def row(label: str, mode: str, speed: float, accuracy: float = 1.0, lossless: bool = False,
@@ -15,6 +17,7 @@ def row(label: str, mode: str, speed: float, accuracy: float = 1.0, lossless: bo
     """A bench row with only what the demo's judgement and cells read."""
     return {"task": task, "mode": mode, "family": mode, "setting": label.partition(":")[2],
             "label": label, "n": 20, "accuracy": accuracy, "tokens_per_forward": 2.0,
+            "query_tokens_per_forward": 16.0 if mode == "static" else 40.0,
             "tokens_per_second": speed, "speedup": round(speed / 100, 3),
             "reproduces": rule, "speedup_vs_rule": None if rule is None else speed / 300,
             "differing_from_rule": 0 if rule else None, "speedup_vs_self": None,
@@ -75,6 +78,7 @@ def test_the_table_marks_slower_rows_and_recommendations():
     assert cells["0.4"]["vs frontier"] == "1.10x (dynamic:0.9)"
     assert cells["4"]["vs frontier"] == "0.50x slower (dynamic:0.9)"
     assert cells["static"]["lossless"] == "reference" and cells["static"]["vs static"] == "1.00x"
+    assert (cells["static"]["query/forward"], spec["query/forward"]) == ("16", "40")
     table = format_table(list(cells.values()), DEMO_COLUMNS)
     assert table.splitlines()[0].split()[-3:] == ["same", "lossless", "recommended"]
 
@@ -141,3 +145,21 @@ def test_picks_follow_the_legend_on_random_tables():
         if (no_loss["lossless"] and no_loss["mode"] != "static") or no_loss is judged_rows[1]:
             assert no_loss is exact, (exact["label"], no_loss["label"])
         assert no_loss["accuracy"] >= judged_rows[0]["accuracy"]
+
+
+def test_demo_candidates_set_the_speculative_rows_only(saved_model_and_head, capsys,
+                                                      monkeypatch):
+    # `mrp demo --candidates 2` reaches run_demo, which fixes the speculative rows' sets.
+    sizes = {c.mode: c.set_size for c in demo_configs("2")}
+    assert sizes["speculative"] == 2 and sizes["dynamic"] is None and sizes["static"] is None
+    assert all(c.set_size is None for c in demo_configs())
+    seen = []
+
+    def stop(pipe, problems, progress=False, candidates="auto"):
+        seen.append(candidates)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run_demo", stop)
+    model_dir, _ = saved_model_and_head
+    run_cli(capsys, "demo", "--model", str(model_dir), "--problems", "1", "--candidates", "2")
+    assert seen == ["2"]

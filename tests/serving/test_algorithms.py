@@ -405,6 +405,10 @@ def test_stats_of_speculative_count_accepted_drafts(tmp_path):
     assert base.forwards - spec.accepted <= spec.forwards <= base.forwards - spec.accepted + blocks
     assert spec.tokens_per_forward > base.tokens_per_forward
     assert "drafts accepted per round" in spec.summary() and "head," in spec.summary()
+    # L per request's own row, L more per verify row of its drafts (at most K + 1 rows)
+    assert block_size < spec.query_tokens_per_forward <= block_size * 4
+    assert "query tokens per forward" in spec.summary()
+    assert base.row_calls == 0 and "query" not in base.summary()
 
 
 def test_stats_hook_reads_the_scheduler_requests(caplog):

@@ -34,10 +34,18 @@ def test_yaml_is_parsed_into_a_frozen_config(tmp_path):
     ({"head": "h", "mask_token_id": -1}, "mask_token_id"),
     ({"head": "h", "mask_id": 5, "mask_token_id": 5}, "both `mask_id` and `mask_token_id`"),
     (["head"], "YAML mapping"),
+    ({"candidates": 4}, r"^candidates must be auto or 1, got 4: candidate sets \(N > 1\) are "
+                        "library-only"),
+    ({"candidates": "two"}, "candidates must be auto or 1, got 'two'"),
 ])
 def test_bad_yaml_values_name_the_key(raw, message):
     with pytest.raises(ServingConfigError, match=message):
         MrpServingConfig.from_mapping(raw)
+
+
+@pytest.mark.parametrize("value", ["auto", 1, "1"])
+def test_serving_takes_candidates_auto_or_1(value):
+    assert MrpServingConfig.from_mapping({"candidates": value}).candidates == value
 
 
 def test_lookahead_default_is_the_library_default():
