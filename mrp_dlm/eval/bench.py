@@ -103,10 +103,18 @@ class GradeMemo:
         return [self.verdicts[key] for key in keys]
 
 
+def measured(configs: tuple[DecodeConfig, ...]) -> tuple[DecodeConfig, ...]:
+    """The configs with the round cost cache off: a benchmark times its own rounds in the
+    run, never costs that another run (on a busier machine, say) left in the cache."""
+    return tuple(dataclasses.replace(config, cost_cache=False) for config in configs)
+
+
 def run_bench(pipe: Pipeline, suites: list[tuple[Task, list[Example]]],
               configs: tuple[DecodeConfig, ...], batch_size: int = BENCH_BATCH_SIZE,
               progress: bool = False) -> list[GridResults]:
-    """Warm up on the first suite, then every config on every suite's problems."""
+    """Warm up on the first suite, then every config on every suite's problems (the cost
+    cache off: `measured`)."""
+    configs = measured(configs)
     if configs[0].mode != "static":
         raise ValueError("a benchmark grid starts with static, its reference")
     check_batch_size(batch_size)

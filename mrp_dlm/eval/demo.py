@@ -23,7 +23,8 @@ from tqdm import tqdm
 
 from mrp_dlm.config import DecodeConfig
 from mrp_dlm.decoding.stats import DecodeStats
-from mrp_dlm.eval.bench import GradeMemo, GridResults, bench_rows, ratio, split_by_head, warm_up
+from mrp_dlm.eval.bench import (GradeMemo, GridResults, bench_rows, measured, ratio, split_by_head,
+                                warm_up)
 from mrp_dlm.eval.defaults import DEMO_PROBLEMS
 from mrp_dlm.eval.grid import BASELINE, grid_label
 from mrp_dlm.eval.runner import BatchResult, EvalResult, check_config, collect, evaluate_batches
@@ -174,7 +175,8 @@ def run_demo(pipe: Pipeline, problems: int = DEMO_PROBLEMS, progress: bool = Fal
     """Every demo config (the MRP ones when the pipeline has a head) on each embedded task,
     timed as a batch of `problems` and at batch 1; `progress` shows bars on stderr;
     `candidates`: the speculative rows' candidate set size (`DecodeConfig.candidates`)."""
-    configs, dropped = split_by_head(demo_configs(candidates), pipe.head_dir is not None)
+    configs, dropped = split_by_head(measured(demo_configs(candidates)),
+                                     pipe.head_dir is not None)
     for config in configs:
         check_config(pipe, config)
     suites = [(GradeMemo(task), task.examples("test", problems))

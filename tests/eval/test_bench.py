@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -142,6 +144,8 @@ def test_bench_rows_against_static_and_outputs(saved_model_and_head, tmp_path):
     tasks = [get_task("arith"), get_task("arith-code")]
     suites = [(task, task.examples("test", 2)) for task in tasks]
     grids = bench.run_bench(pipe, suites, configs)
+    cache = Path(os.environ["XDG_CACHE_HOME"])  # the test's own (conftest)
+    assert not list(cache.rglob("*.json"))  # a benchmark times its own rounds: no cost cache
     rows = {row["label"]: row for row in bench.bench_rows("arith", grids[:1])}
     assert list(rows) == ["static", "dynamic:0.5", "speculative-self:2@1", "speculative:2@1",
                           "speculative-self:2@0.5", "speculative:2@0.5", "direct:1"]
