@@ -426,9 +426,10 @@ def finish(tokens: torch.Tensor, layout: Layout, config: DecodeConfig, schedule:
         out.append([generated[i] for i in indices])
         slots.append([first + i for i in indices])
     stats = counters.stats
-    stats.committed = int(counters.committed)
-    stats.row_forwards, stats.row_denoise_forwards = counters.row_forwards.tolist()
-    stats.row_query_tokens = int(counters.row_queries)
+    counts = torch.cat((counters.committed[None], counters.row_forwards,
+                        counters.row_queries[None])).tolist()  # one read of the counts
+    (stats.committed, stats.row_forwards, stats.row_denoise_forwards,
+     stats.row_query_tokens) = counts
     stats.tokens = sum(len(ids) for ids in out)
     stats.seconds = time.perf_counter() - began
     return DecodeResult(token_ids=out, stats=stats,
