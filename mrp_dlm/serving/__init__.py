@@ -6,7 +6,7 @@
   base.py            shared by the algorithms: launch and request errors, one forward
   speculative.py     MrpSpeculative (lossless: LowConfidence's output, greedy or seeded)
   direct.py          MrpDirect (lossy, up to 1 + K tokens per forward)
-  remask.py          MrpRemask (the v2 paper's residual veto)
+  remask.py          MrpRemask (the chain rule, or the v2 paper's residual veto)
   sampling.py        per-request temperature / top-k / top-p / seed of a batch
   head_host.py       the head on an SGLang model's shared weights, fingerprint-checked
   head_pool.py       the head's keys of earlier blocks: a pool by KV slot, the head's steps

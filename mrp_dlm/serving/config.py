@@ -2,11 +2,15 @@
 
     lookahead: 3            # optional, default DecodeConfig's; K: head drafts per round
                             # (speculative) / commits per forward (direct)
-    threshold: 0.9          # MrpSpeculative only, optional, default DecodeConfig's: the
-                            # LowConfidence threshold it reproduces (1.0: static decoding)
+    threshold: 0.9          # MrpSpeculative and MrpRemask, optional, default DecodeConfig's:
+                            # the LowConfidence threshold MrpSpeculative reproduces (1.0:
+                            # static decoding), the dynamic rule MrpRemask proposes with
     adaptive: true          # MrpSpeculative only, optional, default DecodeConfig's: run only
                             # the head drafts that measured acceptance and cost say pay off
     candidates: auto        # MrpSpeculative, optional: auto or 1; sets (N > 1): library-only
+    remask_rule: chain      # MrpRemask, optional, default DecodeConfig's: chain (each reveal
+                            # checked by the head) or paper (the v2 paper's residual veto)
+    remask_delta: 1.0       # MrpRemask with the paper rule, optional: δ of the veto
     head: /path/to/head     # MRP head directory (config.json + model.safetensors); required
                             # by MrpDirect; without it MrpSpeculative self-drafts (the
                             # rule's steps on the seed logits, no head)
@@ -29,7 +33,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mrp_dlm.config import SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, DecodeConfig
+from mrp_dlm.config import REMASK_RULES, SDAR_BLOCK_SIZE, SDAR_MASK_TOKEN_ID, DecodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ class MrpServingConfig:
     threshold: float | None = None  # MrpSpeculative's rule; None: the library's default
     adaptive: bool = DecodeConfig.adaptive  # MrpSpeculative: draft only what pays (as the library)
     candidates: str | int = DecodeConfig.candidates  # auto or 1: serving verifies no sets
+    remask_rule: str = DecodeConfig.remask_rule  # MrpRemask: chain or paper (as the library)
     remask_delta: float | None = None  # MrpRemask: δ of the veto; None: the library's default
     block_size: int | None = None  # L; None: the model's config.json, else SDAR's 4
     mask_token_id: int | None = None  # [MASK] id; None: the model's config.json, else SDAR's
@@ -75,6 +80,9 @@ class MrpServingConfig:
                 or not 0.0 < self.threshold <= 1.0):
             raise ServingConfigError(f"threshold must be a number in (0, 1], got "
                                      f"{self.threshold!r}")
+        if self.remask_rule not in REMASK_RULES:
+            raise ServingConfigError(f"remask_rule must be one of {', '.join(REMASK_RULES)}, "
+                                     f"got {self.remask_rule!r}")
         if self.remask_delta is not None and (
                 not isinstance(self.remask_delta, (int, float))
                 or isinstance(self.remask_delta, bool) or self.remask_delta < 0):
@@ -108,7 +116,7 @@ class MrpServingConfig:
     def remask(self) -> DecodeConfig:
         """The library's remask config MrpRemask reproduces (greedy; sampling per request)."""
         return DecodeConfig(mode="remask", threshold=self.speculative_threshold,
-                            remask_rule="paper",
+                            remask_rule=self.remask_rule,
                             remask_delta=(DecodeConfig.remask_delta if self.remask_delta is None
                                           else float(self.remask_delta)))
 

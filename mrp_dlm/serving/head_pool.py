@@ -140,9 +140,16 @@ class HeadContext:
 
     def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
-        if rows is not None:
-            raise ValueError("the serving head steps run on every request of their context")
-        return accumulator + self.residual(tokens, accumulator)
+        context = self if rows is None else self.on_rows(rows)
+        return accumulator + context.residual(tokens, accumulator)
+
+    def on_rows(self, rows: torch.Tensor) -> "HeadContext":
+        """The context of requests rows (N,) int64 (repeats allowed: the chain rule's checks
+        of one request's reveals), on the device: nothing read."""
+        prefix = self.prefix
+        earlier = Prefix(prefix.table, prefix.rows[rows], prefix.lengths[rows], prefix.longest)
+        return HeadContext(self.pool, self.head, self.host, earlier, self.positions[rows],
+                           self.chunk)
 
     def store(self, tokens: torch.Tensor, clean_hidden: torch.Tensor, slots: torch.Tensor) -> None:
         """Write the head's keys of clean blocks tokens (R, L) with clean_hidden (R, L, H), the

@@ -219,7 +219,8 @@ def algorithm_yaml(config: ServeConfig, head: Path | None) -> str:
         text += (f"threshold: {config.rule_threshold}\n"
                  f"adaptive: {'true' if config.adaptive else 'false'}\n")
     if config.algorithm == "MrpRemask":
-        text += f"threshold: {config.rule_threshold}\nremask_delta: {config.remask_delta}\n"
+        text += (f"threshold: {config.rule_threshold}\nremask_rule: {config.remask_rule}\n"
+                 f"remask_delta: {config.remask_delta}\n")
     return text
 
 
@@ -348,8 +349,9 @@ def describe(config: ServeConfig, plan: LaunchPlan) -> str:
     elif config.algorithm == "MrpDirect":
         setting = f"lookahead {config.lookahead}; lossy"
     elif config.algorithm == "MrpRemask":
-        setting = (f"threshold {config.rule_threshold}, delta {config.remask_delta} (the "
-                   f"paper's residual veto); lossy")
+        rule = ("the chain rule" if config.remask_rule == "chain" else
+                f"the paper's residual veto, delta {config.remask_delta}")
+        setting = f"threshold {config.rule_threshold}, {rule}; lossy"
     else:
         setting = f"threshold {config.rule_threshold}"
     head = f", head {plan.head}" if plan.head else (

@@ -1,25 +1,36 @@
-"""`MrpRemask`: the v2 MRP paper's remasking (residual veto) as an SGLang dLLM algorithm (FDFO).
+"""`MrpRemask`: MRP remasking as an SGLang dLLM algorithm (FDFO), by either of the library's
+rules (the YAML's `remask_rule`; `mrp serve --remask-rule`).
 
-Per forward and request: the dynamic rule's proposals on the backbone logits (every masked
-position above the YAML's `threshold`, else the most confident), one head forward on the
-block as it was before them, and each proposal whose |C| at its token exceeds
-`remask_delta` sent back to mask (a request that loses them all keeps its smallest |C|):
-`decoding.veto.veto_step`, the library decoder's own step (`--mode remask --remask-rule
-paper`). The head runs on the block alone, as the official loop runs it, so this algorithm
-keeps no head keys. The chain rule (the library's default remask rule), which checks each
-reveal on a recheck block of its own, runs in the library only.
+Per forward and request, the dynamic rule's proposals on the backbone logits (every masked
+position above the YAML's `threshold`, else the most confident), then:
+
+- `chain` (the default, as the library's): the reveals are ranked by confidence; each one
+  the rule would not trust unchecked is rescored by the head run on its request's block
+  holding only the reveals ranked before it, as an extra row of one batched head forward
+  (`MrpSpeculative` verifies its drafts as extra rows of the backbone's forward); a request
+  keeps its reveals up to the first one no longer above τ. The head attends to its keys of
+  the request's earlier blocks (`head_pool.py`), written when a block is done, as
+  `MrpDirect` writes them. `decoding.remask.chain_step`, the library decoder's own step
+  (`--mode remask --remask-rule chain`).
+- `paper`: one head forward on the block as it was before the proposals, and each proposal
+  whose |C| at its token exceeds `remask_delta` sent back to mask (a request that loses
+  them all keeps its smallest |C|): `decoding.veto.veto_step` (`--remask-rule paper`). The
+  head runs on the block alone, as the official loop runs it, so no head keys are kept.
 
 The block is done at the first forward that sees it without masks (that forward wrote its
 clean KV), exactly as `LowConfidence` finishes a block.
 
-Deliberately not here: the rule (see `decoding/veto.py`); the head's weights (see
-`head_host.py`).
+Deliberately not here: the rules (see `decoding/remask.py`, `decoding/veto.py`); the head's
+weights (see `head_host.py`).
 
 Shapes: B requests, L block size, H hidden, V vocab.
 """
 
 from __future__ import annotations
 
+import torch
+
+from mrp_dlm.decoding.remask import chain_step
 from mrp_dlm.decoding.veto import veto_step
 from mrp_dlm.serving.base import MrpAlgorithm, OneStep
 from mrp_dlm.serving.sglang_forward import batch_sampling
@@ -31,14 +42,30 @@ class MrpRemask(MrpAlgorithm):
         self.rule = self.serving.remask
 
     def decode(self, model_runner, forward_batch, states):
-        head, host = self.model_parts(model_runner)
         one = OneStep.run(model_runner, forward_batch, states, self.block_size,
                           self.mask_id)
         block = one.step.rows.tokens  # (B, L)
+        chain = self.rule.remask_rule == "chain"
         if not all(one.done):
-            positions = one.step.rows.positions  # (B, L)
-            veto = veto_step(lambda tokens, hidden_in: head(host, tokens, hidden_in, positions),
-                             host, one.step, self.rule.threshold, self.rule.remask_delta,
-                             batch_sampling(forward_batch, positions.device))
-            block = veto.tokens
+            block = (self.chain(model_runner, forward_batch, one) if chain
+                     else self.veto(model_runner, forward_batch, one))
+        if chain:  # the head's keys of the blocks done in this call
+            finished = [i for i, d in enumerate(one.done) if d]
+            self.store_blocks(model_runner, forward_batch, finished, block[finished],
+                              one.step.base.hidden[finished])
         return one.finish(forward_batch, block)
+
+    def chain(self, model_runner, forward_batch, one: OneStep) -> torch.Tensor:
+        """The blocks (B, L) after the chain rule's step."""
+        host = self.model_parts(model_runner)[1]
+        context = self.head_context(model_runner, forward_batch, list(range(len(one.done))))
+        sampling = batch_sampling(forward_batch, one.step.rows.positions.device)
+        return chain_step(context, host, one.step, self.rule.threshold, sampling).tokens
+
+    def veto(self, model_runner, forward_batch, one: OneStep) -> torch.Tensor:
+        """The blocks (B, L) after the paper rule's step."""
+        head, host = self.model_parts(model_runner)
+        positions = one.step.rows.positions  # (B, L)
+        return veto_step(lambda tokens, hidden_in: head(host, tokens, hidden_in, positions),
+                         host, one.step, self.rule.threshold, self.rule.remask_delta,
+                         batch_sampling(forward_batch, positions.device)).tokens

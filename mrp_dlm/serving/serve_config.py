@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mrp_dlm.config import DecodeConfig
+from mrp_dlm.config import REMASK_RULES, DecodeConfig
 from mrp_dlm.serving.plugin import ALGORITHMS as MRP_ALGORITHMS
 
 ALGORITHMS = (*MRP_ALGORITHMS, "LowConfidence")  # what `mrp serve --algorithm` takes
@@ -30,8 +30,7 @@ class ServeConfig:
     head: str | None = field(default=None, metadata={"help": (
         "MRP head directory; unset: the embedded head with the embedded model")})
     algorithm: str = field(default="MrpSpeculative", metadata={"help": (
-        "MrpSpeculative (lossless), MrpDirect, MrpRemask (the paper's residual veto) or "
-        "LowConfidence")})
+        "MrpSpeculative (lossless), MrpDirect, MrpRemask (--remask-rule) or LowConfidence")})
     threshold: float | None = field(default=None, metadata={"help": (
         "the rule MrpSpeculative reproduces, LowConfidence runs (1.0: static); unset: mrp "
         "generate's")})
@@ -39,8 +38,12 @@ class ServeConfig:
         "K: head drafts per round (speculative), commits per forward (direct)")})
     adaptive: bool = field(default=DecodeConfig.adaptive, metadata={"help": (
         "MrpSpeculative: run only the head drafts that pay")})
+    remask_rule: str = field(default=DecodeConfig.remask_rule, metadata={"help": (
+        "MrpRemask: chain (each reveal kept while the head, run on the reveals before it, "
+        "still finds it above threshold) or paper (the v2 paper's residual veto)")})
     remask_delta: float = field(default=DecodeConfig.remask_delta, metadata={"help": (
-        "MrpRemask: δ, a proposal whose |C| at its token exceeds it goes back to mask")})
+        "MrpRemask, paper rule: δ, a proposal whose |C| at its token exceeds it goes back to "
+        "mask")})
     tp: int = field(default=1, metadata={"help": (
         "tensor-parallel size: the backbone and the head split over this many GPUs (or CPU "
         "processes)")})
@@ -70,6 +73,9 @@ class ServeConfig:
             raise ServeError("MrpDirect takes no threshold (it commits the static pick and K "
                              "head picks per forward); --threshold is for MrpSpeculative and "
                              "LowConfidence")
+        if self.remask_rule not in REMASK_RULES:
+            raise ServeError(f"unknown remask rule {self.remask_rule!r}; choose one of "
+                             f"{', '.join(REMASK_RULES)}")
         if self.remask_delta < 0:
             raise ServeError(f"remask_delta must be >= 0, got {self.remask_delta}")
         if self.algorithm == "LowConfidence" and self.head is not None:

@@ -267,22 +267,34 @@ def test_direct_equals_our_direct_decoder(tmp_path):
     assert got == want
 
 
-@pytest.mark.parametrize("threshold,delta", [(0.3, 1.0), (0.2, 0.5)])
-def test_remask_equals_our_remask_decoder(tmp_path, threshold, delta):
-    block_size, model = 4, backbone(3, 4, False)
+@pytest.mark.parametrize("rule,threshold,delta,block_size", [
+    ("paper", 0.3, 1.0, 4), ("paper", 0.2, 0.5, 4), ("chain", 0.3, None, 4),
+    ("chain", 0.2, None, 4), ("chain", 0.3, None, 16)])
+def test_remask_equals_our_remask_decoder(tmp_path, rule, threshold, delta, block_size):
+    model = backbone(3, block_size, False)
     head = random_head(model, 7, norm=0.3)
     head_dir = saved_head(tmp_path, model, head)
     runner = runner_with_head(model, block_size, head_dir)
+    yaml = {"remask_rule": rule, **({} if rule == "chain" else {"remask_delta": delta})}
     algorithm = MrpRemask(dllm_config("MrpRemask", block_size, head=head_dir,
-                                      threshold=threshold, remask_delta=delta))
-    config = DecodeConfig(mode="remask", remask_rule="paper", remask_delta=delta,
+                                      threshold=threshold, **yaml))
+    config = DecodeConfig(mode="remask", remask_rule=rule,
+                          remask_delta=delta or DecodeConfig.remask_delta,
                           threshold=threshold, block_size=block_size,
-                          max_new_tokens=MAX_NEW[4], stop_token_ids=())
+                          max_new_tokens=MAX_NEW[block_size], stop_token_ids=())
     prompts = robust_prompts(model, config, head)
-    got = serve(runner, algorithm, prompts, MAX_NEW[4], MASK)
+    got = serve(runner, algorithm, prompts, MAX_NEW[block_size], MASK)
     decoded = generate(model, prompts, config, make_decoder(config, runner.model.mrp_head))
     assert got == decoded.token_ids
     assert decoded.stats.vetoed > 0  # not vacuous: the head sent proposals back
+
+
+def test_remask_serves_the_chain_rule_by_default(tmp_path):
+    model = backbone(3, 4, False)
+    head_dir = saved_head(tmp_path, model, random_head(model, 7, norm=0.3))
+    assert MrpRemask(dllm_config("MrpRemask", 4, head=head_dir)).rule.remask_rule == "chain"
+    with pytest.raises(ServingConfigError, match="remask_rule must be one of chain, paper"):
+        MrpRemask(dllm_config("MrpRemask", 4, head=head_dir, remask_rule="veto"))
 
 
 # --- errors ---------------------------------------------------------------------------------

@@ -79,18 +79,20 @@ def test_sampled_requests_equal_the_library_per_request(tmp_path, block_size, th
     assert got[0] != got[1] or prompts[0] != prompts[1]
 
 
-def test_sampled_remask_requests_equal_the_library_per_request(tmp_path):
+@pytest.mark.parametrize("rule", ["paper", "chain"])
+def test_sampled_remask_requests_equal_the_library_per_request(tmp_path, rule):
     block_size, threshold, delta = 4, 0.3, 1.0
     model = backbone(3, block_size, False)
     head = random_head(model, 7, norm=0.3)
     configs = [DecodeConfig(**{**library_config(block_size, threshold, *r).__dict__,
-                               "mode": "remask", "remask_rule": "paper", "remask_delta": delta})
+                               "mode": "remask", "remask_rule": rule, "remask_delta": delta})
                for r in REQUESTS]
     runner = runner_with_head(model, block_size, saved_head(tmp_path, model, head))
     prompts = [robust_prompts(model, config, runner.model.mrp_head)[i % len(LENGTHS)]
                for i, config in enumerate(configs)]
     algorithm = MrpRemask(dllm_config("MrpRemask", block_size, head=str(tmp_path / "head"),
-                                      threshold=threshold, remask_delta=delta))
+                                      threshold=threshold, remask_delta=delta,
+                                      remask_rule=rule))
     params = [sglang_params(*r) for r in REQUESTS]
     params[2].sampling_seed = None  # greedy: no seed needed
     got = serve(runner, algorithm, prompts, MAX_NEW[block_size], MASK, params=params)

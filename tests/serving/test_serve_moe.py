@@ -9,7 +9,7 @@ logits (tests/margins.py: the engines compute the same logits with other kernels
 | `LowConfidence` at τ | `--mode dynamic` at τ |
 | `MrpSpeculative` at τ, `--tp 2` | `--mode dynamic` at τ (lossless), and `--mode speculative` |
 | `MrpDirect` K = 2 | `--mode direct` K = 2 |
-| `MrpRemask` at τ, δ | `--mode remask --remask-rule paper` at τ, δ |
+| `MrpRemask --remask-rule paper` at τ, δ | `--mode remask --remask-rule paper` at τ, δ |
 
 The head is a random (dense) one, so the head-driven outputs depend on it. Prompts are token
 ids (`/v1/completions` takes them), some longer than a block, sent one by one. On this CPU
@@ -138,5 +138,5 @@ def test_direct_and_remask(checkpoint, tmp_path):
     remask = DecodeConfig(mode="remask", remask_rule="paper", threshold=THRESHOLD,
                           remask_delta=DELTA, max_new_tokens=MAX_NEW)
     served, _ = serve(checkpoint, tmp_path, "MrpRemask", "--threshold", str(THRESHOLD),
-                      "--remask-delta", str(DELTA), *head)
+                      "--remask-rule", "paper", "--remask-delta", str(DELTA), *head)
     check(served, *ours(checkpoint, remask))
