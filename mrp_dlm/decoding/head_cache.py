@@ -42,6 +42,12 @@ class HeadSteps(Protocol):
         per row, tokens (N, M*L), from accumulator (N, M*L, H). rows: (N,) int64, the batch
         row of each (None: all B rows in order). A + sum C is `backbone.logits(result)`."""
 
+    def advance_at(self, tokens: torch.Tensor, accumulator: torch.Tensor, rows: torch.Tensor,
+                   at: torch.Tensor) -> torch.Tensor:
+        """The next accumulator (N, H) at one position at[n] of each row's block state,
+        tokens (N, L), from accumulator (N, L, H): `advance(...)[n, at[n]]`, the head's last
+        layer run for that position alone. rows: (N,) int64, as in `advance`."""
+
 
 class HeadCache:
     """One decode's head keys: a `KVCache` of the head's layers over the backbone's slots."""
@@ -80,6 +86,14 @@ class HeadCache:
                 self.store_pending()
             return accumulator + self.on_rows(tokens, accumulator, rows)
         return accumulator + self.with_pending(tokens, accumulator)
+
+    def advance_at(self, tokens: torch.Tensor, accumulator: torch.Tensor, rows: torch.Tensor,
+                   at: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        if self.pending:
+            self.store_pending()
+        picked = accumulator[torch.arange(at.shape[0], device=at.device), at]  # (N, H)
+        return picked + self.on_rows(tokens, accumulator, rows, at)[:, 0]
 
     def residual(self, tokens: torch.Tensor, hidden_in: torch.Tensor) -> torch.Tensor:
         """h_C (B, L, H) of the head on the current block's tokens (B, L) from hidden_in
@@ -140,10 +154,12 @@ class HeadCache:
         self.written = self.start
         return held
 
-    def on_rows(self, tokens: torch.Tensor, hidden_in: torch.Tensor,
-                rows: torch.Tensor) -> torch.Tensor:
-        """h_C (N, L, H) of one block state per entry of rows (N,), tokens (N, L)."""
+    def on_rows(self, tokens: torch.Tensor, hidden_in: torch.Tensor, rows: torch.Tensor,
+                query: torch.Tensor | None = None) -> torch.Tensor:
+        """h_C (N, L, H) of one block state per entry of rows (N,), tokens (N, L); with
+        `query` (N,) int64, h_C (N, 1, H) at that position of each."""
         L = self.positions.shape[1]
         mask = copies_mask(self.key_valid[rows], self.start, L, 1, self.width)  # (N, L, S)
         return self.head(self.model, tokens, hidden_in, self.positions[rows],
-                         HeadAttention(self.cache.rows(rows), mask, self.cache.slot(self.start)))
+                         HeadAttention(self.cache.rows(rows), mask, self.cache.slot(self.start)),
+                         query)

@@ -67,8 +67,7 @@ def recheck(head: HeadSteps, backbone: HeadBackbone, recheck_blocks: torch.Tenso
             sampling: SamplingConfig) -> torch.Tensor:
     """Probability (N,) of each checked reveal's token under A + C of its recheck block
     (N, L), the head run on row[n]'s block (its keys of earlier blocks included)."""
-    accumulator = head.advance(recheck_blocks, base.hidden[row], row)  # (N, L, H)
-    at_reveal = accumulator[torch.arange(at.shape[0], device=at.device), at]  # (N, H)
+    at_reveal = head.advance_at(recheck_blocks, base.hidden[row], row, at)  # (N, H)
     logits = backbone.logits(at_reveal)[:, None]  # (N, 1, V)
     return token_confidence(logits, tokens[:, None], backbone.config.mask_token_id,
                             select_rows(sampling, row))[:, 0]  # (N,)

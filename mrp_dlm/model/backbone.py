@@ -70,17 +70,31 @@ class _Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None, cache: LayerCache | None,
-                start: int | torch.Tensor) -> torch.Tensor:
+                start: int | torch.Tensor, query: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention output (B, T, H) of x (B, T, H); with `query` (B,) int64, that of the
+        one token query[b] per row (B, 1, H), every token still giving keys and values."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.nh, self.hd))  # (B, T, nh, hd)
-        k = self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.hd))  # (B, T, nkv, hd)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.nkv, self.hd)).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
-        q, k = _apply_rotary(q, *rope), _apply_rotary(k, *rope)
+        k = _apply_rotary(k, *rope)  # (B, nkv, T, hd)
+        if query is not None:  # one query token per row: (B, 1, ...) from here on
+            x, rope = pick(x, query, 1), tuple(pick(table, query, 2) for table in rope)
+            mask = None if mask is None else pick(mask, query, 1)
+        Q = x.shape[1]
+        q = self.q_norm(self.q_proj(x).view(B, Q, self.nh, self.hd)).transpose(1, 2)
+        q = _apply_rotary(q, *rope)  # (B, nh, Q, hd)
         if cache is not None:
             k, v = cache.write_and_read(k, v, start, mask.shape[-1])  # (B, nkv, S, hd)
-        y = attend(q, k, v, mask)  # (B, nh, T, hd)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        y = attend(q, k, v, mask)  # (B, nh, Q, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(B, Q, self.nh * self.hd))
+
+
+def pick(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """x with one entry index[b] (B,) int64 along `dim` per row b, kept as a size-1 dim."""
+    shape = [1] * x.dim()
+    shape[0] = index.shape[0]
+    at = index.view(shape).expand(*x.shape[:dim], 1, *x.shape[dim + 1:])
+    return x.gather(dim, at)
 
 
 class _MLP(nn.Module):
@@ -107,8 +121,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask: torch.Tensor | None, cache: LayerCache | None = None,
-                start: int | torch.Tensor = 0) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, mask, cache, start)
+                start: int | torch.Tensor = 0, query: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """(B, T, H); with `query` (B,) int64 the output (B, 1, H) of token query[b] alone
+        (every token still attended to): the MRP head's last layer where one position is read."""
+        attended = self.self_attn(self.input_layernorm(x), rope, mask, cache, start, query)
+        x = (x if query is None else pick(x, query, 1)) + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

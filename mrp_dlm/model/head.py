@@ -160,18 +160,24 @@ class MRPHead(nn.Module):
                                 self.backbone_config.rope_theta, x.dtype)
 
     def forward(self, backbone: HeadBackbone, tokens: torch.Tensor, hidden_in: torch.Tensor,
-                positions: torch.Tensor, attention: HeadAttention | None = None) -> torch.Tensor:
+                positions: torch.Tensor, attention: HeadAttention | None = None,
+                query: torch.Tensor | None = None) -> torch.Tensor:
         """residual_hidden h_C (B, T, H) for tokens (B, T) and h_in (B, T, H).
 
         positions: (B, T) absolute positions (RoPE). `attention`: the head's keys of earlier
         blocks, where this call's keys go and the mask; None: the T tokens see each other
         only, bidirectionally (one block with nothing before it, or a test of the layers).
+        `query` (B,) int64: h_C (B, 1, H) of token query[b] alone; the last layer then runs
+        its queries and MLP on that token only (every token still gives keys): what a check
+        of one position costs (remask's chain rule).
         """
         x, rope = self.layer_input(backbone, tokens, hidden_in, positions)
-        if attention is None:
-            for layer in self.layers:
-                x = layer(x, rope, None)  # no mask: every token sees every other
-        else:
-            for index, layer in enumerate(self.layers):
-                x = layer(x, rope, attention.mask, attention.keys.layer(index), attention.start)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            only = query if index == last else None
+            if attention is None:  # no mask: every token sees every other
+                x = layer(x, rope, None, query=only)
+            else:
+                x = layer(x, rope, attention.mask, attention.keys.layer(index), attention.start,
+                          only)
         return self.norm(x)

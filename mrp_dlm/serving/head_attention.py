@@ -25,6 +25,7 @@ from typing import Iterator, Optional, Protocol
 import torch
 from torch import nn
 
+from mrp_dlm.model.backbone import pick
 from mrp_dlm.model.head import HeadBackbone, MRPHead
 
 PREFIX_CHUNK = 1024  # prefix slots read per step of a layer's attention
@@ -121,15 +122,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: LayerPool,
 @torch.no_grad()  # serving: never trained, and the pool is written in place
 def head_residual(head: MRPHead, host: HeadBackbone, tokens: torch.Tensor,
                   hidden_in: torch.Tensor, positions: torch.Tensor, pools: list[LayerPool],
-                  prefix: PrefixChunks, chunk: int = PREFIX_CHUNK) -> torch.Tensor:
+                  prefix: PrefixChunks, chunk: int = PREFIX_CHUNK,
+                  query: Optional[torch.Tensor] = None) -> torch.Tensor:
     """h_C (R, L, H) of the head on blocks tokens (R, L) from h_in (R, L, H) at positions
-    (R, L), each layer over its pool (`pools`, one per head layer; a store writes there)."""
+    (R, L), each layer over its pool (`pools`, one per head layer; a store writes there).
+    With `query` (R,) int64: h_C (R, 1, H) at that position of each block, the last layer's
+    queries and MLP run there alone (as `MRPHead.forward`'s `query`)."""
     x, rope = head.layer_input(host, tokens, hidden_in, positions)  # (R, L, H)
-    for layer, pool in zip(head.layers, pools):
+    last = len(head.layers) - 1
+    for index, (layer, pool) in enumerate(zip(head.layers, pools)):
         attention = layer.self_attn
         q, k, v = project(attention, layer.input_layernorm(x), rope)
         pool.write(k, v)
-        y = attend(q, k, v, pool, prefix, chunk)  # (R, nh, L, hd)
+        if query is not None and index == last:  # one query token per block from here on
+            q, x = pick(q, query, 2), pick(x, query, 1)  # (R, nh, 1, hd), (R, 1, H)
+        y = attend(q, k, v, pool, prefix, chunk)  # (R, nh, Q, hd)
         x = x + attention.o_proj(y.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return head.norm(x)

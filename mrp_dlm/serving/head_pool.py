@@ -130,18 +130,25 @@ class HeadContext:
         self.positions, self.chunk = positions, chunk
 
     def residual(self, tokens: torch.Tensor, hidden_in: torch.Tensor,
-                 store: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 store: Optional[torch.Tensor] = None, query: Optional[torch.Tensor] = None
+                 ) -> torch.Tensor:
         """h_C (R, L, H) of block states tokens (R, L) from h_in (R, L, H); with `store`
-        (R*L,) slots, the call's keys also go to the pool there."""
+        (R*L,) slots, the call's keys also go to the pool there; with `query` (R,) int64,
+        h_C (R, 1, H) at that position of each block alone."""
         pools = [LayerPool(self.pool.keys[i], self.pool.values[i], store)
                  for i in range(self.pool.keys.shape[0])]  # (S, nkv, hd) each, in place
         return head_residual(self.head, self.host, tokens, hidden_in, self.positions, pools,
-                             self.prefix, self.chunk)
+                             self.prefix, self.chunk, query)
 
     def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
         context = self if rows is None else self.on_rows(rows)
         return accumulator + context.residual(tokens, accumulator)
+
+    def advance_at(self, tokens: torch.Tensor, accumulator: torch.Tensor, rows: torch.Tensor,
+                   at: torch.Tensor) -> torch.Tensor:
+        picked = accumulator[torch.arange(at.shape[0], device=at.device), at]  # (N, H)
+        return picked + self.on_rows(rows).residual(tokens, accumulator, query=at)[:, 0]
 
     def on_rows(self, rows: torch.Tensor) -> "HeadContext":
         """The context of requests rows (N,) int64 (repeats allowed: the chain rule's checks
