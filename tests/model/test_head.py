@@ -200,3 +200,38 @@ def test_a_block_only_head_is_refused_except_to_fine_tune(tmp_path, tiny_model):
         load_head(directory, tiny_model)
     loaded = load_head(directory, tiny_model, block_only=True)
     assert torch.equal(loaded.fuse.weight, head.fuse.weight)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_one_query_position_equals_that_row_of_the_whole_pass(tiny_model, layers):
+    """`query=`: h_C at one position per row (the last layer run there alone, every token
+    still giving keys) == that position of the whole pass, with and without earlier keys;
+    the keys written to the cache are the whole pass's."""
+    head = randomize(MRPHead(tiny_model.config, HeadConfig(num_layers=layers)), seed=6)
+    tokens, hidden, positions, mask = context_inputs(tiny_model, prefix_blocks=2)
+    P, S = 2 * L, 3 * L
+    query = torch.tensor([0, L - 1, 2])  # (B,) one position per row
+    rows = torch.arange(B)
+    valid = torch.ones(B, S, dtype=torch.bool)
+
+    def cache_after_prefix() -> KVCache:
+        cache = KVCache(layers, B, tiny_model.config.num_kv_heads, S,
+                        tiny_model.config.head_dim, torch.float32, "cpu")
+        head(tiny_model, tokens[:, :P], hidden[:, :P], positions[:, :P],
+             HeadAttention(cache, mask[:, :P, :P], 0))
+        return cache
+
+    with torch.no_grad():
+        block = (tokens[:, P:], hidden[:, P:], positions[:, P:])
+        alone = head(tiny_model, *block)  # (B, L, H): the block alone
+        one = head(tiny_model, *block, query=query)  # (B, 1, H)
+        whole_cache, one_cache = cache_after_prefix(), cache_after_prefix()
+        step = HeadAttention(whole_cache, copies_mask(valid, P, L, 1, S), P)
+        whole = head(tiny_model, *block, step)  # (B, L, H)
+        picked = head(tiny_model, *block,
+                      HeadAttention(one_cache, copies_mask(valid, P, L, 1, S), P), query=query)
+    assert one.shape == picked.shape == (B, 1, tiny_model.config.hidden_size)
+    torch.testing.assert_close(one[:, 0], alone[rows, query], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(picked[:, 0], whole[rows, query], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(one_cache.keys, whole_cache.keys)
+    assert (whole[rows, query] - whole[rows, (query + 1) % L]).abs().max() > 1e-3  # not vacuous
