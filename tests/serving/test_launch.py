@@ -157,6 +157,12 @@ def test_the_mrp_algorithms_list_the_backends_mrp_serve_chooses():
     (ServeConfig(algorithm="MrpDirect", lookahead=2), {"lookahead": 2}),
     (ServeConfig(threshold=0.5, lookahead=4, adaptive=False),
      {"lookahead": 4, "threshold": 0.5, "adaptive": False}),
+    (ServeConfig(algorithm="MrpRemask", threshold=0.4),
+     {"lookahead": DecodeConfig.lookahead, "threshold": 0.4, "remask_rule": "chain",
+      "remask_delta": DecodeConfig.remask_delta}),
+    (ServeConfig(algorithm="MrpRemask", remask_rule="paper", remask_delta=1.5),
+     {"lookahead": DecodeConfig.lookahead, "threshold": DecodeConfig.threshold,
+      "remask_rule": "paper", "remask_delta": 1.5}),
 ])
 def test_algorithm_yaml(tmp_path, cpu_machine, config, want):
     plan = plan_launch(config, tmp_path / "a.yaml", [], {})
@@ -200,6 +206,8 @@ def test_kv_pool_is_bounded_by_contexts_and_by_memory():
     (dict(port=0), "port must be"),
     (dict(tp=0), "tp must be >= 1"),
     (dict(device="tpu"), "device must be auto, cpu or cuda"),
+    (dict(algorithm="MrpRemask", remask_rule="veto"),
+     "unknown remask rule 'veto'; choose one of chain, paper"),
 ])
 def test_bad_serve_configs(changes, message):
     with pytest.raises(ServeError, match=message):
