@@ -92,7 +92,7 @@ SDAR_CONFIGS = {"sdar-1.7b": "sdar-4b-chat", "sdar-4b": "sdar-4b-chat",
                 "sdar-30b-a3b": "sdar-4b-chat"}  # shape -> published config (fixtures folder)
 SIZES = ("embedded", *SDAR_CONFIGS)
 SDAR_HEAD_LAYERS = (1, 3)  # head depths timed on the SDAR shapes
-EMBEDDED_HEAD_LAYERS = 3  # the shipped head (mrp_dlm/assets/embedded-head)
+EMBEDDED_HEAD_LAYERS = 1  # the shipped head (mrp_dlm/assets/embedded-head)
 INIT_STD = 0.02  # random weights' std (costs do not depend on it)
 PROJECTION = "PROJECTION from the cost model and the given acceptance; not a measured speed"
 
