@@ -13,12 +13,10 @@ Each step:
              reveals ranked before it (the reveal itself still masked, as in training);
     keep     the reveals ranked before the first one that is no longer above τ.
 
-A step keeps at least its first reveal, and every trusted one. With a head that predicts no
-change this is dynamic decoding at the same τ. Where host reads are free (a CPU) the head pass
-is sized by the checks (one read); an accelerator sizes it for every reveal after a row's
-first (static shapes, no read; the driver's read after the step is the only one).
-`chain_step` is the one definition of the step: the library's decoder and the served
-`MrpRemask` (`serving/remask.py`) take it. docs/design.md ("Remask rules") says why and what was measured.
+A step keeps at least its first reveal, and every trusted one (a head that predicts no change
+gives dynamic decoding). The head pass is sized by the checks where host reads are free, else
+for every reveal after a row's first (static, no read). `chain_step` is the one step, the
+library's and the served `MrpRemask`'s; docs/design.md ("Remask rules") says why.
 
 Shapes: B batch, L block size, H hidden, V vocab, N reveals checked in the batch.
 """

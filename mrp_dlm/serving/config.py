@@ -2,18 +2,14 @@
 
     lookahead: 3            # optional, default DecodeConfig's; K: head drafts per round
                             # (speculative) / commits per forward (direct)
-    threshold: 0.9          # MrpSpeculative and MrpRemask, optional, default DecodeConfig's:
-                            # the LowConfidence threshold MrpSpeculative reproduces (1.0:
-                            # static decoding), the dynamic rule MrpRemask proposes with
+    threshold: 0.9          # optional, default DecodeConfig's: the LowConfidence threshold
+                            # MrpSpeculative reproduces (1.0: static), MrpRemask's proposals
     adaptive: true          # MrpSpeculative only, optional, default DecodeConfig's: run only
                             # the head drafts that measured acceptance and cost say pay off
     candidates: auto        # MrpSpeculative, optional: auto or 1; sets (N > 1): library-only
-    remask_rule: chain      # MrpRemask, optional, default DecodeConfig's: chain (each reveal
-                            # checked by the head) or paper (the v2 paper's residual veto)
-    remask_delta: 1.0       # MrpRemask with the paper rule, optional: δ of the veto
+    remask_rule: chain      # MrpRemask, optional, default DecodeConfig's: chain or paper
     head: /path/to/head     # MRP head directory (config.json + model.safetensors); required
-                            # by MrpDirect; without it MrpSpeculative self-drafts (the
-                            # rule's steps on the seed logits, no head)
+                            # but by MrpSpeculative, which self-drafts without it
     block_size: 16          # optional; else the model's config.json, else the SDAR default 4
     mask_token_id: 151669   # optional; else the model's config.json, else the SDAR default
 

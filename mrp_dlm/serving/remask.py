@@ -1,21 +1,16 @@
-"""`MrpRemask`: MRP remasking as an SGLang dLLM algorithm (FDFO), by either of the library's
-rules (the YAML's `remask_rule`; `mrp serve --remask-rule`).
+"""`MrpRemask`: MRP remasking as an SGLang dLLM algorithm (FDFO), by either library rule
+(the YAML's `remask_rule`; `mrp serve --remask-rule`).
 
 Per forward and request, the dynamic rule's proposals on the backbone logits (every masked
 position above the YAML's `threshold`, else the most confident), then:
 
-- `chain` (the default, as the library's): the reveals are ranked by confidence; each one
-  the rule would not trust unchecked is rescored by the head run on its request's block
-  holding only the reveals ranked before it, as an extra row of one batched head forward
-  (`MrpSpeculative` verifies its drafts as extra rows of the backbone's forward); a request
-  keeps its reveals up to the first one no longer above τ. The head attends to its keys of
-  the request's earlier blocks (`head_pool.py`), written when a block is done, as
-  `MrpDirect` writes them. `decoding.remask.chain_step`, the library decoder's own step
-  (`--mode remask --remask-rule chain`).
-- `paper`: one head forward on the block as it was before the proposals, and each proposal
-  whose |C| at its token exceeds `remask_delta` sent back to mask (a request that loses
-  them all keeps its smallest |C|): `decoding.veto.veto_step` (`--remask-rule paper`). The
-  head runs on the block alone, as the official loop runs it, so no head keys are kept.
+- `chain` (the default, as the library's): each reveal not trusted unchecked is rescored by
+  the head on its request's block holding only the reveals ranked before it, as an extra
+  row of one batched head forward over the request's head keys of earlier blocks
+  (`head_pool.py`, written when a block is done, as `MrpDirect` writes them); a request keeps
+  its reveals up to the first no longer above τ: `decoding.remask.chain_step`.
+- `paper`: one head forward on the block alone (as the official loop), each proposal whose
+  |C| at its token exceeds `remask_delta` sent back to mask: `decoding.veto.veto_step`.
 
 The block is done at the first forward that sees it without masks (that forward wrote its
 clean KV), exactly as `LowConfidence` finishes a block.
