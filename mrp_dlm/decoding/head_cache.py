@@ -36,17 +36,16 @@ class HeadSteps(Protocol):
 
     The library's `HeadCache` and the serving plugin's per-request caches implement it."""
 
-    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The next accumulator h_A + sum h_C (N, M*L, H) after a head step on M block states
-        per row, tokens (N, M*L), from accumulator (N, M*L, H). rows: (N,) int64, the batch
-        row of each (None: all B rows in order). A + sum C is `backbone.logits(result)`."""
+    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor) -> torch.Tensor:
+        """The next accumulator h_A + sum h_C (B, M*L, H) after a head step on M block states
+        per row, tokens (B, M*L), from accumulator (B, M*L, H), every row in order. A + sum C
+        is `backbone.logits(result)`."""
 
     def advance_at(self, tokens: torch.Tensor, accumulator: torch.Tensor, rows: torch.Tensor,
                    at: torch.Tensor) -> torch.Tensor:
-        """The next accumulator (N, H) at one position at[n] of each row's block state,
-        tokens (N, L), from accumulator (N, L, H): `advance(...)[n, at[n]]`, the head's last
-        layer run for that position alone. rows: (N,) int64, as in `advance`."""
+        """The next accumulator (N, H) at one position at[n] of N block states tokens (N, L),
+        from accumulator (N, L, H); rows: (N,) int64, the batch row of each (repeats allowed).
+        The head's last layer runs at that position alone."""
 
 
 class HeadCache:
@@ -78,13 +77,8 @@ class HeadCache:
         """The current block moves to slots [start, start + L) with positions (B, L)."""
         self.start, self.positions, self.masks = start, positions, {}
 
-    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
+    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor) -> torch.Tensor:
         self.steps += 1
-        if rows is not None:
-            if self.pending:
-                self.store_pending()
-            return accumulator + self.on_rows(tokens, accumulator, rows)
         return accumulator + self.with_pending(tokens, accumulator)
 
     def advance_at(self, tokens: torch.Tensor, accumulator: torch.Tensor, rows: torch.Tensor,
@@ -155,9 +149,9 @@ class HeadCache:
         return held
 
     def on_rows(self, tokens: torch.Tensor, hidden_in: torch.Tensor, rows: torch.Tensor,
-                query: torch.Tensor | None = None) -> torch.Tensor:
-        """h_C (N, L, H) of one block state per entry of rows (N,), tokens (N, L); with
-        `query` (N,) int64, h_C (N, 1, H) at that position of each."""
+                query: torch.Tensor) -> torch.Tensor:
+        """h_C (N, 1, H) at position query[n] (N,) int64 of one block state per entry of rows
+        (N,), tokens (N, L)."""
         L = self.positions.shape[1]
         mask = copies_mask(self.key_valid[rows], self.start, L, 1, self.width)  # (N, L, S)
         return self.head(self.model, tokens, hidden_in, self.positions[rows],

@@ -140,10 +140,8 @@ class HeadContext:
         return head_residual(self.head, self.host, tokens, hidden_in, self.positions, pools,
                              self.prefix, self.chunk, query)
 
-    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        context = self if rows is None else self.on_rows(rows)
-        return accumulator + context.residual(tokens, accumulator)
+    def advance(self, tokens: torch.Tensor, accumulator: torch.Tensor) -> torch.Tensor:
+        return accumulator + self.residual(tokens, accumulator)
 
     def advance_at(self, tokens: torch.Tensor, accumulator: torch.Tensor, rows: torch.Tensor,
                    at: torch.Tensor) -> torch.Tensor:
