@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig, check_block_divides, dtype_for
-from mrp_dlm.decoding.cost_cache import CostCache, Learnt, cost_identity, default_dir
+from mrp_dlm.decoding.cost_cache import (CostCache, Learnt, capped, cost_identity, default_dir,
+                                         rule_key)
 from mrp_dlm.decoding.driver import Decoder, generate
 from mrp_dlm.decoding.logprobs import TokenLogprob
 from mrp_dlm.decoding.modes import make_decoder
@@ -90,11 +91,12 @@ class Pipeline:
         settings = {"block_size": config.block_size or self.model.config.block_size,
                     "lookahead": config.lookahead, "invariant_verify": config.invariant_verify,
                     "cuda_graphs": config.cuda_graphs}
+        rule = rule_key(config.threshold, config.temperature, config.top_k, config.top_p)
         cache = CostCache(self.cost_dir or default_dir(),
-                          cost_identity(self.model, decoder.head, settings))
+                          cost_identity(self.model, decoder.head, settings), rule)
         planner = decoder.planner
         learnt = cache.load(planner.lookahead, planner.sources[0])
-        planner.start_from(learnt.costs, learnt.probes)
+        planner.start_from(learnt.costs, learnt.probes, learnt.acceptance)
         self.cost_caches[config] = cache
 
     def save_costs(self, config: DecodeConfig) -> None:
@@ -102,7 +104,10 @@ class Pipeline:
         cache = self.cost_caches.get(config)
         decoder = self.decoders.get(config)
         if cache is not None and isinstance(decoder, SpeculativeDecoder):
-            cache.save(Learnt(dict(decoder.planner.costs), dict(decoder.planner.probes)))
+            planner = decoder.planner
+            cache.save(Learnt(dict(planner.costs), dict(planner.probes),
+                              {source: capped(known) for source, known
+                               in planner.acceptance.items() if any(known.tried)}))
 
     @property
     def dtype(self) -> str:

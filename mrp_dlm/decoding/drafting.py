@@ -226,12 +226,17 @@ class DraftPlanner:
         elif size > 1:
             self.set_rounds.setdefault((key, copies), []).append(seconds)
 
-    def start_from(self, costs: dict[int, RoundCosts], probes: dict[int, CostProbe]) -> None:
+    def start_from(self, costs: dict[int, RoundCosts], probes: dict[int, CostProbe],
+                   acceptance: dict[str, Acceptance] | None = None) -> None:
         """What an earlier process learnt (`cost_cache.py`): a batch key with costs plans
-        from them, with no timing rounds; one with a probe's samples resumes that probe.
-        Adaptive only."""
+        from them, with no timing rounds; one with a probe's samples resumes that probe; a
+        source's `acceptance` (of this rule) is the prior its verdicts add to, where this
+        planner has none yet. Adaptive only."""
         if not self.adaptive:
             return
+        for source, known in (acceptance or {}).items():
+            if source in self.acceptance and not any(self.acceptance[source].tried):
+                self.acceptance[source] = Acceptance(list(known.tried), list(known.accepted))
         for key, probe in probes.items():
             if key not in self.costs:
                 self.probes.setdefault(key, probe)

@@ -115,16 +115,22 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
     that state's draw key, as the verifier's step on it is. `alternatives`: each later
     draft's alternatives too (`candidates.alternatives`, no forward).
 
+    No later draft reveals in a row with one position left: a draft that finishes its row
+    needs no logits of its own, so its acceptance saves no forward (the verify that checks
+    it is the forward the rule runs on the state before it); such a row's later drafts
+    reveal nothing (never accepted, no round), and no draft is made for a batch of them.
+
     seed: the backbone on rows.tokens; on_seed: the rule's proposal on it, if the caller
     has it. most: the most masked positions a row has after draft 1, if the host knows it:
-    every draft reveals one at least, so min(D, most) later drafts and no host check (one
+    every draft reveals one at least, so min(D, most - 1) later drafts and no host check (one
     that finishes early leaves the rest revealing nothing, never accepted); None: one host
-    check per draft stops the chain where it finishes. One head step per HEAD draft made.
+    check per draft stops the chain where at most one position is left in every row. One
+    head step per HEAD draft made.
     """
-    accumulator, state, eligible = seed.hidden, rows.tokens, rows.eligible
+    accumulator, state, left = seed.hidden, rows.tokens, rows.eligible  # left: (B, L)
     threshold = drafter.rule.threshold
     if most is not None:
-        sources = sources[:most]
+        sources = sources[:max(most - 1, 0)]
     # The rule's proposal on A for S_0's draw key; greedy proposals ignore the key, so every
     # greedy self-draft reuses it (a sampled one draws anew with its own state's key).
     if on_seed is None:
@@ -137,6 +143,8 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
 
     states, valid, made, found = [], [], [], []
     for source in (SELF, *sources):
+        # A later draft reveals only in rows with two positions left or more (B, L).
+        eligible = left & (left.sum(dim=1, keepdim=True) > 1) if made else left
         if source == HEAD:
             accumulator = drafter.head.advance(state, accumulator)  # (B, L, H)
             proposal = drafter.proposal(drafter.backbone.logits(accumulator), state,
@@ -153,10 +161,14 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
         states.append(state)
         valid.append(commit.any(dim=1))
         made.append(source)
-        eligible = eligible & ~commit
-        finished = len(made) == most + 1 if most is not None else not bool(eligible.any())
-        if finished:
-            break
+        left = left & ~commit
+        if most is None:
+            most_left = int(left.sum(dim=1).max())  # the host check
+            finished = most_left == 0
+            if most_left <= 1:  # done, or the next draft would finish every row
+                break
+        else:
+            finished = len(made) == most + 1  # most = 0: draft 1 finished the block
     return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished,
                   tuple(made[1:]), candidates.stack(found) if found else None)
 
@@ -321,15 +333,18 @@ class SpeculativeDecoder:
             return Advance(rows.tokens, step.base, left=0, going=look.going)
         plan = self.planner.plan(B, (context.width - context.start) // L, step.index == 0,
                                  look.realized)
+        if not plan.sources and plan.probe is None:  # the rule's own step (the driver denoises)
+            self.planner.observe((), advanced=(first != rows.tokens).any(dim=1))
+            return Advance(first, left=look.first, going=look.first_going)
         timer = Timer(rows.tokens.device, plan.timed)
         timer.start(drained=look.read)
         most = None if reads_free(rows.tokens.device) else look.first
         drafts = draft(drafter, step.base, rows, plan.sources, plan.alternatives, on_seed, most)
         draft_seconds = timer.lap()
         m, v = drafts.states.shape[1], drafts.verified
-        if v == 0 or (m == 1 and plan.probe is None):  # no later draft: the rule's own step,
-            self.planner.observe((), advanced=drafts.valid[:, 0])  # as the rule runs it (the
-            return Advance(first, left=look.first, going=look.first_going)  # driver denoises)
+        if v == 0 or (m == 1 and plan.probe is None):  # no later draft: the rule's own step
+            self.planner.observe((), advanced=drafts.valid[:, 0])
+            return Advance(first, left=look.first, going=look.first_going)
         verdict = self.verify(context, step, drafts, plan.size, rule)
         if plan.timed:
             self.planner.time(B, timer.lap(), verdict.copies, drafts.sources, draft_seconds,
@@ -345,8 +360,9 @@ class SpeculativeDecoder:
 
     def look(self, context: BlockContext, step: Step, first: torch.Tensor) -> "Look":
         """What the host knows before the plan; where it does not, the round's one host read:
-        what is left of the block and of draft 1, `first` (B, L), with the stop check of
-        each (`BlockContext.progress`), the last round's verdicts, at a block's start the
+        what is left of draft 1, `first` (B, L), and of the block where the host does not
+        know it (after a verified round), with the stop check of each
+        (`BlockContext.progress`), the last round's verdicts, at a block's start the
         block before's steps (`DraftPlanner.block_steps`). None at τ = 1 with the block
         known: draft 1 reveals one position per row."""
         left = step.left
@@ -355,15 +371,19 @@ class SpeculativeDecoder:
         if left is not None and after is not None and self.pending is None and steps is None:
             return Look(left, after, read=False)
         pending, self.pending = self.pending, None
-        parts = [context.progress(step.rows.tokens), context.progress(first)]
+        parts = [] if left is not None else [context.progress(step.rows.tokens)]  # known: > 0
+        parts += [context.progress(first)]
         parts += [steps[None]] if steps is not None else []
         parts += [pending.record] if pending is not None else []
         values = torch.cat(parts).tolist()  # the round's one host read
+        going = None
+        if left is None:
+            left, going, values = values[0], bool(values[1]), values[2:]
         if pending is not None:
-            self.planner.add_record(pending.sources, values[4 + (steps is not None):],
+            self.planner.add_record(pending.sources, values[2 + (steps is not None):],
                                     pending.hits)
-        return Look(values[0], values[2], bool(values[1]), bool(values[3]),
-                    values[4] if steps is not None else None)
+        return Look(left, values[0], going, bool(values[1]),
+                    values[2] if steps is not None else None)
 
     def count(self, sources: tuple[str, ...], later: torch.Tensor, valid: torch.Tensor,
               rescued: torch.Tensor) -> None:

@@ -5,6 +5,9 @@
   folder starts from them: no timed probe round before its first draft, the same output;
 - the key: another batch size is probed afresh; another dtype, thread count, head or
   lookahead is another file;
+- the acceptance of each draft source is remembered per rule (threshold, sampling), capped
+  at PRIOR_VERDICTS verdicts: a later pipeline's planner starts from it (another rule's
+  does not), and plans from it as the earlier planner would;
 - a corrupt file is ignored (logged once), a crash mid-write leaves the old file whole;
 - `cost_cache=False` (`--no-cost-cache`) reads and writes nothing; the CLI writes to the
   user cache dir ($XDG_CACHE_HOME, a temporary folder in every test: conftest.py).
@@ -20,7 +23,9 @@ import torch
 
 from conftest import random_backbone, random_head, run_cli, tiny_config
 from mrp_dlm.config import DecodeConfig
-from mrp_dlm.decoding.cost_cache import CostCache, Learnt, cost_identity, default_dir
+from mrp_dlm.decoding.acceptance import Acceptance
+from mrp_dlm.decoding.cost_cache import (PRIOR_VERDICTS, CostCache, Learnt, capped, cost_identity,
+                                         default_dir)
 from mrp_dlm.decoding.costs import HEAD, SELF, CostProbe, RoundCosts
 from mrp_dlm.decoding.drafting import DraftPlanner
 from mrp_dlm.pipeline import Pipeline
@@ -85,6 +90,36 @@ def test_a_probe_resumes_from_its_samples(tmp_path):
     planner.start_from(learnt.costs, learnt.probes)
     assert planner.probes[1] == probe and planner.plan(1).probe is planner.probes[1]
     assert planner.plan(2).probe is None and planner.costs[2] == RoundCosts(0.1, 0.2)
+
+
+def test_acceptance_is_remembered_per_rule_and_capped(tmp_path):
+    seen = {HEAD: Acceptance([300, 100, 20], [150, 40, 5]), SELF: Acceptance([10], [3])}
+    CostCache(tmp_path, {"model": "m"}, "τ 0.9").save(Learnt(acceptance=seen))
+    other = CostCache(tmp_path, {"model": "m"}, "τ 1.0")
+    assert other.load(3, HEAD).acceptance == {}  # read first, as a pipeline does
+    other.save(Learnt(acceptance={SELF: seen[SELF]}))
+    prior = CostCache(tmp_path, {"model": "m"}, "τ 0.9").load(3, HEAD).acceptance
+    assert prior[SELF] == seen[SELF]  # under the cap: as seen
+    assert sum(prior[HEAD].tried) <= PRIOR_VERDICTS and prior[HEAD] == capped(seen[HEAD])
+    for depth in range(3):  # each depth's rate kept, up to rounding
+        tried, good = prior[HEAD].at(depth)
+        assert abs(good / tried - seen[HEAD].accepted[depth] / seen[HEAD].tried[depth]) < 0.1
+    assert CostCache(tmp_path, {"model": "m"}, "τ 1.0").load(3, HEAD).acceptance == {
+        SELF: seen[SELF]}  # the other rule's, kept by the save after it
+    assert CostCache(tmp_path, {"model": "m"}, "τ 0.5").load(3, HEAD).acceptance == {}
+
+
+def test_a_planner_plans_from_the_acceptance_before():
+    costs = {1: RoundCosts(head_step=0.3, copy=0.35)}
+    losing = {HEAD: Acceptance([60], [12]), SELF: Acceptance([60], [12])}  # 20% accepted
+    fresh, primed = (DraftPlanner(lookahead=3, adaptive=True) for _ in range(2))
+    fresh.start_from(costs, {})
+    primed.start_from(costs, {}, losing)
+    assert fresh.plan(1).sources  # the uninformed prior (one half) drafts
+    assert primed.plan(1).sources == ()  # drafts that lose are not run from the first round
+    primed.observe((HEAD,), torch.tensor([1]), torch.tensor([[True]]))
+    primed.start_from(costs, {}, {HEAD: Acceptance([9], [9])})  # its own verdicts stay
+    assert primed.acceptance[HEAD].tried == [61]
 
 
 def test_another_batch_size_is_probed_afresh():

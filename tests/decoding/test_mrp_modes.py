@@ -324,12 +324,11 @@ def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped, th
     for index, (row, solo) in enumerate(zip(batch.token_ids, solos)):
         assert row == solo.token_ids[0], f"row {index}: batch {row} != solo {solo.token_ids[0]}"
         assert row == run.result.token_ids[index]
-        # Batch 1: one seed forward per block (the rest are verify forwards); every block's
-        # seed but the first also stored the block before it. A round (a step with head
-        # drafts) is one verify forward; a step whose first draft (the backbone's own step)
-        # finished the block is no round.
-        assert solo.stats.denoise_forwards == solo.stats.store_forwards + 1
+        # Batch 1: a round (a step with later drafts) is one verify forward; a step whose
+        # first draft (the backbone's own step) left at most one position is the rule's own
+        # step (a denoise forward, no round), and one that finished the block runs none.
         assert solo.stats.verify_forwards == solo.stats.rounds
+        assert solo.stats.denoise_forwards >= solo.stats.store_forwards + 1
     stats = batch.stats
     summed = [sum(s.stats.accept_histogram[i] for s in solos) for i in range(lookahead + 1)]
     assert stats.accept_histogram == summed, f"batch {stats.accept_histogram} != solo sum {summed}"
@@ -345,6 +344,36 @@ def test_batch_rows_equal_solo_rows(block_size, lookahead, head_kind, damped, th
     assert max(verifies) <= stats.verify_forwards <= sum(verifies)
     assert stats.head_forwards <= lookahead * stats.rounds
     assert len({len(row) for row in batch.token_ids}) > 1, "rows should stop at different lengths"
+
+
+@pytest.mark.parametrize("reads_free", [True, False])
+@pytest.mark.parametrize("threshold", THRESHOLDS)
+def test_no_draft_finishes_every_row(monkeypatch, threshold, reads_free):
+    # A draft that would leave no position in any row saves no forward (the verify checking
+    # it is the forward the rule runs on the state before it): never made, with the host's
+    # check per draft (reads free) or from draft 1's count (`most`). Still the rule's output.
+    from mrp_dlm.decoding import speculative
+
+    made = []
+    real = speculative.draft
+
+    def recording(drafter, seed, rows, sources, *args, **kwargs):
+        drafts = real(drafter, seed, rows, sources, *args, **kwargs)
+        before = drafts.states[:, :-1] == drafter.rule.mask_token_id  # (B, m - 1, L)
+        left = (before & rows.eligible[:, None]).sum(dim=2)  # (B, m - 1) before each later
+        made.append(left[drafts.valid[:, 1:]])  # where a later draft revealed
+        return drafts
+
+    monkeypatch.setattr(speculative, "draft", recording)
+    monkeypatch.setattr(speculative, "reads_free", lambda device: reads_free)
+    model = backbone(5, 16, True)
+    run = rule_run(5, 16, True, threshold)
+    config = DecodeConfig(mode="speculative", block_size=16, lookahead=4, threshold=threshold,
+                          max_new_tokens=MAX_NEW[16], stop_token_ids=run.stops, adaptive=False)
+    got = decode(model, run.prompts, config, HEADS["mild"](model, 5))
+    assert got.token_ids == run.result.token_ids
+    later = torch.cat(made)  # a row's positions left before each of its later drafts
+    assert later.numel() >= 10 and int(later.min()) == 2, later.tolist()
 
 
 @pytest.mark.parametrize("mode,block_size,knobs", [
