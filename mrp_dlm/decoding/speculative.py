@@ -82,6 +82,7 @@ class Drafts:
     finished: bool  # no row has a masked position left in S_m
     sources: tuple[str, ...] = ()  # m - 1 entries: HEAD or SELF, the source of S_2 .. S_m
     alternatives: Alternatives | None = None  # of S_2 .. S_m (`candidates.py`), if built
+    open: torch.Tensor | None = None  # (B, m) bool, the state leaves a position to reveal
 
     @property
     def verified(self) -> int:
@@ -141,7 +142,7 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
         return on_seed if drafter.rule.sampling.greedy else drafter.proposal(
             seed.logits, state, rows.positions)
 
-    states, valid, made, found = [], [], [], []
+    states, valid, opened, made, found = [], [], [], [], []
     for source in (SELF, *sources):
         # A later draft reveals only in rows with two positions left or more (B, L).
         eligible = left & (left.sum(dim=1, keepdim=True) > 1) if made else left
@@ -162,6 +163,7 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
         valid.append(commit.any(dim=1))
         made.append(source)
         left = left & ~commit
+        opened.append(left.any(dim=1))
         if most is None:
             most_left = int(left.sum(dim=1).max())  # the host check
             finished = most_left == 0
@@ -170,7 +172,20 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
         else:
             finished = len(made) == most + 1  # most = 0: draft 1 finished the block
     return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished,
-                  tuple(made[1:]), candidates.stack(found) if found else None)
+                  tuple(made[1:]), candidates.stack(found) if found else None,
+                  torch.stack(opened, dim=1))
+
+
+def gaining(later: torch.Tensor, opened: torch.Tensor) -> torch.Tensor:
+    """The later drafts accepted that saved a forward (B,): all of `later` (B,) but one
+    that left no position (opened (B, D) False there, `Drafts.open`), always the last
+    accepted: its own logits are never needed, so the forward that checked it is the one
+    the rule runs on the state before it. The planner learns from these (`record`)."""
+    if opened.shape[1] == 0:
+        return later
+    rows = torch.arange(later.shape[0], device=later.device)  # (B,)
+    finished = (later > 0) & ~opened[rows, (later - 1).clamp_min(0)]  # (B,)
+    return later - finished.long()
 
 
 def rule_step(proposal: Proposal, state: torch.Tensor, eligible: torch.Tensor,
@@ -351,7 +366,8 @@ class SpeculativeDecoder:
                               plan.size)
         later = (verdict.accepted - 1).clamp_min(0)  # (B,) later drafts accepted
         self.planner.advance_block(drafts.sources, verdict.accepted + verdict.rescued)
-        record = self.planner.record(drafts.sources, later, drafts.valid[:, 1:], verdict.rescue)
+        record = self.planner.record(drafts.sources, gaining(later, drafts.open[:, 1:]),
+                                     drafts.valid[:, 1:], verdict.rescue)
         if record is not None:  # read with the next step's look
             self.pending = Pending(drafts.sources, record, verdict.rescue is not None)
         if m > 1:

@@ -29,6 +29,7 @@ import torch
 from conftest import random_backbone, random_head, run_cli, tiny_config
 from mrp_dlm.config import DecodeConfig, HeadConfig
 from mrp_dlm.decoding import remask
+from mrp_dlm.decoding.costs import RoundCosts
 from mrp_dlm.decoding.driver import DecodeResult, generate
 from mrp_dlm.decoding.modes import make_decoder
 from mrp_dlm.model.backbone import Backbone
@@ -374,6 +375,37 @@ def test_no_draft_finishes_every_row(monkeypatch, threshold, reads_free):
     assert got.token_ids == run.result.token_ids
     later = torch.cat(made)  # a row's positions left before each of its later drafts
     assert later.numel() >= 10 and int(later.min()) == 2, later.tolist()
+
+
+def test_the_planner_learns_only_the_drafts_that_saved_a_forward():
+    from mrp_dlm.decoding.speculative import gaining
+
+    later = torch.tensor([0, 1, 2, 2, 3])  # later drafts accepted per row
+    opened = torch.tensor([[True, True, True], [True, True, True], [True, False, False],
+                           [True, True, False], [True, True, False]])  # (B, D) left a position
+    # row 2's second draft stood and finished the row: it saved nothing; row 3's finishing
+    # third draft was not accepted; row 4's was (its drafts after a finished state would
+    # reveal nothing, never accepted: the finishing one is always the last accepted).
+    assert gaining(later, opened).tolist() == [0, 1, 1, 2, 2]
+    assert gaining(later, opened[:, :0]).tolist() == later.tolist()  # no later draft
+
+
+def test_finishing_drafts_are_not_learnt_as_gains():
+    # At τ 0.2 a draft often reveals all its row has left; such a draft, accepted, counts
+    # for the user (stats) and not for the planner, whose rates are the forwards saved.
+    model = backbone(5, 16, True)
+    run = rule_run(5, 16, True, 0.2)
+    config = DecodeConfig(mode="speculative", block_size=16, lookahead=3, threshold=0.2,
+                          max_new_tokens=MAX_NEW[16], stop_token_ids=run.stops)
+    decoder = make_decoder(config, None)
+    decoder.planner.start_from({len(run.prompts): RoundCosts(0.0, 0.0)}, {})  # drafts pay
+    got = generate(model, run.prompts, config, decoder)
+    assert got.token_ids == run.result.token_ids
+    pending = decoder.pending  # the last round's verdicts, read by a next look
+    if pending is not None:
+        decoder.planner.add_record(pending.sources, pending.record.tolist(), pending.hits)
+    learnt = sum(sum(a.accepted) for a in decoder.planner.acceptance.values())
+    assert 0 < learnt < got.stats.accepted, (learnt, got.stats.accepted)
 
 
 @pytest.mark.parametrize("mode,block_size,knobs", [
