@@ -138,16 +138,18 @@ class DraftPlanner:
     # --- the face ---------------------------------------------------------------------
 
     def plan(self, key: int, room: int | None = None, block_start: bool = False,
-             realized: int | None = None) -> RoundPlan:
+             realized: int | None = None, head_behind: bool = False) -> RoundPlan:
         """The next round's plan for batch `key`. room: the block copies its verify forward
         may hold (None: no candidate sets, as in serving); block_start: the round is a
         lockstep block's first (the block before it goes to `acceptance.Lockstep`, with its
-        `realized` steps where the caller read `block_steps()`)."""
+        `realized` steps where the caller read `block_steps()`); head_behind: the head's
+        keys lag more than a block behind (`best_sources`)."""
         if block_start:
             self.end_block(realized)
             self.block = BlockProgress(key)
         probe = self.probe(key)
-        sources = probe.next_plan() if probe is not None else self.best_sources(key)
+        sources = (probe.next_plan() if probe is not None
+                   else self.best_sources(key, head_behind))
         if room is None or not self.may_set(key, sources):
             if room is not None and self.adaptive and key in self.costs and sources:
                 self.chosen[key] = 1
@@ -260,13 +262,16 @@ class DraftPlanner:
             return None
         return self.probes.setdefault(key, CostProbe(self.lookahead, self.sources[0]))
 
-    def best_sources(self, key: int) -> tuple[str, ...]:
+    def best_sources(self, key: int, head_behind: bool = False) -> tuple[str, ...]:
         """The later drafts' sources: the lookahead's from the head (self-drafts without
         one); adaptive, the plan of highest rate at the costs of `key`, or every
         EXPLORE_EVERY-th round an exploring one: a source the plan leaves out, as the plan
-        with its rate plus two standard errors would run it, while that plan still uses it
-        (a source one early rejection made look bad is tried again; one that keeps losing
-        is not tried for ever)."""
+        with its rate plus two standard errors would run it up to that source's first draft
+        (one more verify copy: a full lookahead of drafts that lose cost a one-shot call of
+        ten steps a sixth of its time), while that plan still uses it (a source one early
+        rejection made look bad is tried again; one that keeps losing is not tried for ever). Not the head where `head_behind`: its first step would write
+        the head's keys of every block since its last (a call's whole prompt where it ran
+        none yet), far more than a head step, which an exploring round never pays."""
         if not self.adaptive:
             return (self.sources[0],) * self.lookahead
         costs, self.rounds = self.costs[key], self.rounds + 1
@@ -275,14 +280,15 @@ class DraftPlanner:
         lockstep = self.lockstep.get(key, Lockstep()).factor
         plan = best_plan(rates, costs, self.lookahead, lockstep)
         if self.rounds % EXPLORE_EVERY == 0:
-            left_out = sorted((s for s in self.sources if s not in plan),
+            left_out = sorted((s for s in self.sources if s not in plan
+                               and not (s == HEAD and head_behind)),
                               key=lambda source: sum(self.acceptance[source].tried))
             for source in left_out:
                 hopeful = best_plan(
                     {**rates, source: [self.acceptance[source].optimistic_rate(d)
                                        for d in depths]}, costs, self.lookahead, lockstep)
-                if source in hopeful:
-                    return hopeful
+                if source in hopeful:  # up to its first draft of the source: the depth
+                    return hopeful[:hopeful.index(source) + 1]  # every plan with it needs
         return plan
 
     def may_set(self, key: int, plan: tuple[str, ...]) -> bool:

@@ -68,6 +68,12 @@ class HeadCache:
     def width(self) -> int:
         return self.cache.keys.shape[3]
 
+    @property
+    def behind(self) -> int:
+        """Slots before the current block without the head's keys: the next head step
+        writes them first."""
+        return self.start - self.written
+
     def add(self, clean_hidden: torch.Tensor) -> None:
         """The backbone's hidden states (B, T, H) of the clean tokens in the T slots after the
         pending ones (the prefill's prompt blocks, or a finished block's store)."""

@@ -346,8 +346,9 @@ class SpeculativeDecoder:
         look = self.look(context, step, first)
         if look.left == 0:  # a verified round's block had nothing left
             return Advance(rows.tokens, step.base, left=0, going=look.going)
+        behind = context.head is not None and context.head.behind > L
         plan = self.planner.plan(B, (context.width - context.start) // L, step.index == 0,
-                                 look.realized)
+                                 look.realized, behind)
         if not plan.sources and plan.probe is None:  # the rule's own step (the driver denoises)
             self.planner.observe((), advanced=(first != rows.tokens).any(dim=1))
             return Advance(first, left=look.first, going=look.first_going)
