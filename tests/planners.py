@@ -21,5 +21,5 @@ class FixedSets(DraftPlanner):
         self.fixed = sources
         self.costs.update(dict.fromkeys(keys, RoundCosts(0.0, 0.0)))
 
-    def best_sources(self, key: int) -> tuple[str, ...]:
-        return super().best_sources(key) if self.fixed is None else self.fixed
+    def best_sources(self, key: int, head_behind: bool = False) -> tuple[str, ...]:
+        return super().best_sources(key, head_behind) if self.fixed is None else self.fixed

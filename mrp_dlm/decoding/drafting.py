@@ -265,13 +265,15 @@ class DraftPlanner:
     def best_sources(self, key: int, head_behind: bool = False) -> tuple[str, ...]:
         """The later drafts' sources: the lookahead's from the head (self-drafts without
         one); adaptive, the plan of highest rate at the costs of `key`, or every
-        EXPLORE_EVERY-th round an exploring one: a source the plan leaves out, as the plan
-        with its rate plus two standard errors would run it up to that source's first draft
-        (one more verify copy: a full lookahead of drafts that lose cost a one-shot call of
-        ten steps a sixth of its time), while that plan still uses it (a source one early
-        rejection made look bad is tried again; one that keeps losing is not tried for ever). Not the head where `head_behind`: its first step would write
-        the head's keys of every block since its last (a call's whole prompt where it ran
-        none yet), far more than a head step, which an exploring round never pays."""
+        EXPLORE_EVERY-th round an exploring one: the plan of highest rate with every
+        source's rates plus two standard errors, run up to its first draft the plan does
+        not run (one more verify copy, not a full lookahead of drafts that may lose: that
+        cost a one-shot call of ten steps a sixth of its time), while it differs (a source,
+        or a depth, that early rejections made look bad is tried again; one that keeps
+        losing is not tried for ever). Not the head where `head_behind`: its first step
+        would write the head's keys of every block since its last (a call's whole prompt
+        where it ran none yet), far more than a head step, which an exploring round never
+        pays."""
         if not self.adaptive:
             return (self.sources[0],) * self.lookahead
         costs, self.rounds = self.costs[key], self.rounds + 1
@@ -280,15 +282,14 @@ class DraftPlanner:
         lockstep = self.lockstep.get(key, Lockstep()).factor
         plan = best_plan(rates, costs, self.lookahead, lockstep)
         if self.rounds % EXPLORE_EVERY == 0:
-            left_out = sorted((s for s in self.sources if s not in plan
-                               and not (s == HEAD and head_behind)),
-                              key=lambda source: sum(self.acceptance[source].tried))
-            for source in left_out:
-                hopeful = best_plan(
-                    {**rates, source: [self.acceptance[source].optimistic_rate(d)
-                                       for d in depths]}, costs, self.lookahead, lockstep)
-                if source in hopeful:  # up to its first draft of the source: the depth
-                    return hopeful[:hopeful.index(source) + 1]  # every plan with it needs
+            hopeful = best_plan({**rates, **{s: [a.optimistic_rate(d) for d in depths]
+                                             for s, a in self.acceptance.items()
+                                             if not (s == HEAD and head_behind)}},
+                                costs, self.lookahead, lockstep)
+            shared = next((i for i, (a, b) in enumerate(zip(plan, hopeful)) if a != b),
+                          min(len(plan), len(hopeful)))
+            if len(hopeful) > shared:  # the plan's drafts, then the first the hopeful
+                return hopeful[:shared + 1]  # plan would run instead or beyond them
         return plan
 
     def may_set(self, key: int, plan: tuple[str, ...]) -> bool:
