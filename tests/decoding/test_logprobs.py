@@ -67,7 +67,7 @@ def test_speculative_logprobs_are_its_rules(block_size, threshold):
     rule = decode(model, run.prompts, rule_config(block_size, threshold, stop_token_ids=run.stops,
                                                   logprobs=TOP))
     assert rule.token_ids == run.result.token_ids
-    accepted = rescued = 0
+    accepted = rescued = rounds = 0
     for size in (1, 2, 4):  # forced candidate sets: rescued alternatives commit too
         config = replace(spec_config(block_size, threshold, run.stops), logprobs=TOP)
         for name, make_head in HEADS.items():
@@ -76,7 +76,11 @@ def test_speculative_logprobs_are_its_rules(block_size, threshold):
             check_same_logprobs(result.logprobs, rule.logprobs)
             accepted += sum(result.stats.accept_histogram[1:])  # rounds with a later draft
             rescued += result.stats.rescued
-    assert accepted > 0 and rescued > 0  # tokens committed by verify logits, by rescues too
+            rounds += result.stats.rounds
+    assert rounds > 0, "no verified round"
+    if threshold == 1.0:  # tokens committed by verify logits, by rescues too (at τ 0.2 a
+        assert accepted > 0 and rescued > 0  # draft that would stand mostly finishes its
+        # row, and none such is made)
 
 
 def test_a_stop_trims_the_logprobs_with_the_tokens(tiny_model):

@@ -393,14 +393,15 @@ def test_the_planner_learns_only_the_drafts_that_saved_a_forward():
 
 
 def test_finishing_drafts_are_not_learnt_as_gains():
-    # At τ 0.2 a draft often reveals all its row has left; such a draft, accepted, counts
+    # At τ 0.5 a draft often reveals all its row has left; such a draft, accepted, counts
     # for the user (stats) and not for the planner, whose rates are the forwards saved.
     model = backbone(5, 16, True)
-    run = rule_run(5, 16, True, 0.2)
-    config = DecodeConfig(mode="speculative", block_size=16, lookahead=3, threshold=0.2,
+    run = rule_run(5, 16, True, 0.5)
+    config = DecodeConfig(mode="speculative", block_size=16, lookahead=3, threshold=0.5,
                           max_new_tokens=MAX_NEW[16], stop_token_ids=run.stops)
     decoder = make_decoder(config, None)
-    decoder.planner.start_from({len(run.prompts): RoundCosts(0.0, 0.0)}, {})  # drafts pay
+    free = RoundCosts(0.0, 0.0)  # every draft pays: the planner drafts the lookahead
+    decoder.planner.start_from(dict.fromkeys((1, 2, 4, 8), free), {})
     got = generate(model, run.prompts, config, decoder)
     assert got.token_ids == run.result.token_ids
     pending = decoder.pending  # the last round's verdicts, read by a next look
