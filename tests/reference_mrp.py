@@ -21,7 +21,8 @@ Semantics (the MRP paper's three modes):
   sampled with the draw key of the state it steps from (`reference.revealed`). Each round
   runs the backbone on the current state, drafts S_1 (the backbone's own step) and
   S_2..S_{K+1} (chained head steps, each the rule's step on A + sum C; none after a state
-  without masks), then checks every draft by running the full backbone on
+  with one mask left or none: a draft that finishes the block saves no forward; a step
+  with S_1 alone is the rule's own), then checks every draft by running the full backbone on
   each candidate state S_j separately: draft j+1 stands while the backbone's own step on
   S_j gives S_{j+1}. The block becomes the last accepted state. Without a head
   (self-drafts), S_2..S_{K+1} are the rule's steps on the seed logits A themselves, each
@@ -72,6 +73,7 @@ class Trace:
     steps: int = 0  # direct / remask: backbone steps; speculative: rounds with head drafts
     head_calls: int = 0  # head forwards
     histogram: list[int] = field(default_factory=list)  # speculative rounds by head drafts accepted
+    lone: int = 0  # speculative: steps of S_1 alone that left a mask (the rule's own forward)
     revoked: int = 0  # remask: proposals sent back to mask
     confirmed: int = 0  # remask: reveals the head's check kept
     trusted: int = 0  # remask: reveals kept unchecked for their confidence
@@ -185,7 +187,7 @@ def speculative_block(model: Backbone, head: MRPHead | None, sequence: list[int]
         for index in range(K + 1):
             state = threshold_step(logits, state, start, mask_token_id, config, trace)
             drafts.append(state)
-            if mask_token_id not in state or index == K:
+            if state.count(mask_token_id) <= 1 or index == K:
                 break
             if head is None:
                 continue
@@ -206,6 +208,8 @@ def speculative_block(model: Backbone, head: MRPHead | None, sequence: list[int]
         if len(drafts) > 1:  # a round: head drafts were made and verified in one forward
             trace.histogram[accepted - 1] += 1
             trace.steps += 1
+        elif mask_token_id in drafts[0]:
+            trace.lone += 1
 
 
 def remask_block(model: Backbone, head: MRPHead, sequence: list[int], start: int,

@@ -11,9 +11,9 @@ process's own verdicts soon outweigh: a call of a few blocks learns too few to p
 later process starts its planner from them (no timing rounds for a known batch key, a
 probe resumed for one half learnt, drafts planned from the acceptance seen before); what
 it learns is written back at the end of a call, atomically (`files.write_atomic`). A file
-that cannot be read is ignored (logged once), never fatal. The folder: `default_dir()` ($XDG_CACHE_HOME
-or ~/.cache, under mrp-dlm/costs) unless the caller (`Pipeline`) names another;
-`--no-cost-cache` (`DecodeConfig.cost_cache`) reads and writes nothing.
+that cannot be read is ignored (logged once), never fatal. The folder: `default_dir()`
+($XDG_CACHE_HOME or ~/.cache, under mrp-dlm/costs) unless the caller (`Pipeline`) names
+another; `--no-cost-cache` (`DecodeConfig.cost_cache`) reads and writes nothing.
 
 Deliberately not here: how costs are learnt (`costs.py`) and used (`drafting.py`).
 """

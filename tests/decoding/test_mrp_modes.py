@@ -489,7 +489,7 @@ def check_reference(model, head, config, lengths=(8, 6)):
         assert stats.store_forwards == trace.blocks - 1
         assert stats.head_forwards == trace.head_calls
         if config.mode == "speculative":
-            assert stats.denoise_forwards == trace.blocks  # one seed per block, no more
+            assert stats.denoise_forwards == trace.blocks + trace.lone  # seeds, lone steps
             assert stats.verify_forwards == stats.rounds == trace.steps
             assert stats.accept_histogram == trace.histogram
         else:
@@ -595,7 +595,8 @@ def test_stats_definitions(mode):
         assert 0 < stats.head_forwards <= stats.denoise_forwards
         assert stats.verify_forwards == 0
     else:
-        assert stats.denoise_forwards == blocks  # the seed forwards
+        # The seed forwards, and the rule's own steps where S_1 left one position.
+        assert blocks <= stats.denoise_forwards < blocks + stats.committed - stats.rounds
         assert stats.rounds <= stats.head_forwards <= lookahead * stats.rounds
         assert stats.verify_forwards == stats.rounds
         assert len(stats.accept_histogram) == lookahead + 1

@@ -192,8 +192,10 @@ def test_speculative_without_a_head_equals_low_confidence(threshold, adaptive):
     assert runner.forwards <= rule_forwards
     stats = stats_of(algorithm)
     assert stats.self_drafts == stats.drafts
-    if not adaptive:
-        assert stats.draft_rounds > 0 and stats.accepted > 0 and "0 head, " in stats.summary()
+    if not adaptive:  # at τ 0.2 a self-draft that stands mostly finishes its block of 4,
+        # and none such is made (it could save no forward)
+        assert stats.draft_rounds > 0 and "0 head, " in stats.summary()
+        assert stats.accepted > 0 or threshold < 1.0
 
 
 @pytest.mark.parametrize("threshold", [1.0, 0.2])
