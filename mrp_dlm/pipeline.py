@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mrp_dlm.config import DecodeConfig, check_block_divides, dtype_for
-from mrp_dlm.decoding.cost_cache import (CostCache, Learnt, capped, cost_identity, default_dir,
+from mrp_dlm.decoding.cost_cache import (CostCache, Learnt, cost_identity, default_dir,
                                          rule_key)
 from mrp_dlm.decoding.driver import Decoder, generate
 from mrp_dlm.decoding.logprobs import TokenLogprob
@@ -106,7 +106,7 @@ class Pipeline:
         if cache is not None and isinstance(decoder, SpeculativeDecoder):
             planner = decoder.planner
             cache.save(Learnt(dict(planner.costs), dict(planner.probes),
-                              {source: capped(known) for source, known
+                              {source: known for source, known
                                in planner.acceptance.items() if any(known.tried)}))
 
     @property

@@ -6,8 +6,8 @@ JSON file per identity of what was timed (`cost_identity`: the backbone's and th
 fingerprints, device, dtype, torch's threads, and the decode settings that shape a round),
 holding the costs by batch key (`Learnt`; a probe's samples while it runs: a one-shot call
 often ends before its probe does) and, by the rule drafted for (`rule_key`: threshold and
-sampling), each draft source's acceptance, capped at PRIOR_VERDICTS verdicts (a prior the
-process's own verdicts soon outweigh: a call of a few blocks learns too few to plan on). A
+sampling), each draft source's acceptance, read capped at PRIOR_VERDICTS verdicts (a prior
+the process's own verdicts soon outweigh: a call of a few blocks learns too few to plan on). A
 later process starts its planner from them (no timing rounds for a known batch key, a
 probe resumed for one half learnt, drafts planned from the acceptance seen before); what
 it learns is written back at the end of a call, atomically (`files.write_atomic`). A file

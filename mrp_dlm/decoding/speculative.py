@@ -170,7 +170,7 @@ def draft(drafter: Drafter, seed: BackboneStep, rows: BlockRows, sources: tuple[
             if most_left <= 1:  # done, or the next draft would finish every row
                 break
         else:
-            finished = len(made) == most + 1  # most = 0: draft 1 finished the block
+            finished = most == 0  # draft 1 finished the block (else the last is verified)
     return Drafts(torch.stack(states, dim=1), torch.stack(valid, dim=1), finished,
                   tuple(made[1:]), candidates.stack(found) if found else None,
                   torch.stack(opened, dim=1))
